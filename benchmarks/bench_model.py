@@ -1,0 +1,185 @@
+"""HitobanForCausalLM vs HF LlamaForCausalLM of the same shape, side by side in one process (SPEC §10).
+
+Rows: training step (forward + backward + AdamW) tok/s in fp32 and bf16 autocast, greedy `generate()` tok/s at
+batch 1 and 8, activation memory saved for backward, and MFU against a matmul peak measured in the same run.
+Runs alternate between the two models (A B A B ...) and the best of N is kept, so drift on a shared machine hits
+both alike. Absolute numbers swing between runs: read the ratios.
+
+    python benchmarks/bench_model.py                     # SPEC §10 shape: 4L/256/4H, vocab 8000, ctx 256, batch 8
+    python benchmarks/bench_model.py --preset 3lm --batch 4 --ctx 512
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from contextlib import nullcontext
+
+import torch
+from transformers import LlamaForCausalLM
+
+from hitoban import HitobanConfig, HitobanForCausalLM
+from hitoban.modeling.export_llama import llama_config, to_llama
+
+
+def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
+    """Best FLOP/s of an n x n matmul: the denominator of MFU on this machine."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def train_flops_per_token(config: HitobanConfig, ctx: int) -> float:
+    """6 N (non-embedding + tied output matmul) + attention 12 L d ctx (PaLM appendix B convention, causal ignored)."""
+    width, layers = config.hidden_size, config.num_hidden_layers
+    non_embedding = layers * (4 * width**2 + 3 * width * config.intermediate_size)
+    output = config.hidden_size * config.vocab_size
+    return 6 * (non_embedding + output) + 12 * config.num_hidden_layers * config.hidden_size * ctx
+
+
+def saved_activation_bytes(model, ids, autocast) -> int:
+    """Bytes of tensors autograd keeps for backward (unique storages): the activation memory of a training step."""
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast():
+        loss = model(ids, labels=ids).loss
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return sum(storages.values())
+
+
+def time_train_step(model, optimizer, ids, autocast) -> float:
+    start = time.perf_counter()
+    with autocast():
+        loss = model(ids, labels=ids).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return time.perf_counter() - start
+
+
+@torch.no_grad()
+def time_generate(model, prompt, new_tokens) -> float:
+    start = time.perf_counter()
+    model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                   min_new_tokens=new_tokens, do_sample=False, pad_token_id=3)
+    return time.perf_counter() - start
+
+
+def alternate(fns: dict, repeats: int) -> tuple[dict, float]:
+    """Run the two fns once per round, alternating, after one warm-up round.
+
+    Returns the best time of each and the median over rounds of the paired ratio llama_time / hitoban_time:
+    both halves of a pair see the same machine state, so the median ratio is robust to drift on a shared machine.
+    """
+    for fn in fns.values():
+        fn()
+    best = {name: float("inf") for name in fns}
+    ratios = []
+    for round_index in range(repeats):
+        order = list(fns) if round_index % 2 == 0 else list(fns)[::-1]
+        times = {name: fns[name]() for name in order}
+        ratios.append(times["llama"] / times["hitoban"])
+        for name, t in times.items():
+            best[name] = min(best[name], t)
+    return best, statistics.median(ratios)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--vocab", type=int, default=None)
+    parser.add_argument("--ctx", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--bf16", action="store_true", help="run bf16 rows even where the CPU only emulates bf16")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--json", help="also write the table here")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    overrides = {"max_position_embeddings": max(args.ctx, 256)}
+    if args.vocab:
+        overrides["vocab_size"] = args.vocab
+    config = HitobanConfig.from_preset(args.preset, **overrides)
+    ours = HitobanForCausalLM(config)
+    llama = to_llama(ours)  # same weights, so both do the same work on the same numbers
+    assert isinstance(llama, LlamaForCausalLM) and llama_config(config).hidden_size == config.hidden_size
+    models = {"hitoban": ours, "llama": llama}
+    ids = torch.randint(0, config.vocab_size, (args.batch, args.ctx))
+    tokens = ids.numel()
+    peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
+    flops = train_flops_per_token(config, args.ctx)
+    rows = []
+
+    precisions = ["fp32"]
+    if peaks["bf16"] > peaks["fp32"] / 2 or args.bf16:
+        precisions.append("bf16")
+    else:
+        print(f"bf16 skipped: matmul peak {peaks['bf16'] / 1e9:.1f} GFLOP/s, this CPU has no native bf16 (use --bf16)")
+    for precision in precisions:
+        autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" else nullcontext
+        optimizers = {n: torch.optim.AdamW(m.parameters(), lr=1e-4) for n, m in models.items()}
+        for m in models.values():
+            m.train()
+        best, ratio = alternate(
+            {n: (lambda n=n, o=optimizers, a=autocast: time_train_step(models[n], o[n], ids, a)) for n in models},
+            args.repeats,
+        )
+        memory = {n: saved_activation_bytes(m, ids, autocast) / 2**20 for n, m in models.items()}
+        tok_s = {n: tokens / t for n, t in best.items()}
+        rows.append({"row": f"train step {precision}", "unit": "tok/s", **tok_s, "ratio": ratio,
+                     "mfu_hitoban": tok_s["hitoban"] * flops / peaks[precision]})
+        rows.append({"row": f"activation memory {precision}", "unit": "MiB", **memory,
+                     "ratio": memory["llama"] / memory["hitoban"]})
+
+    for m in models.values():
+        m.eval()
+    for batch in (1, 8):
+        prompt = torch.randint(4, config.vocab_size, (batch, 16))  # no padding: both take the same path
+        best, ratio = alternate(
+            {n: (lambda n=n, p=prompt: time_generate(models[n], p, args.new_tokens)) for n in models}, args.repeats
+        )
+        tok_s = {n: batch * args.new_tokens / t for n, t in best.items()}
+        rows.append({"row": f"greedy generate batch {batch}", "unit": "tok/s", **tok_s, "ratio": ratio})
+
+    # The peak is the best of a measurement before and after the rows: a busy moment must not inflate MFU.
+    for precision in precisions:
+        fresh = matmul_peak(torch.float32 if precision == "fp32" else torch.bfloat16)
+        if fresh > peaks[precision]:
+            for row in rows:
+                if "mfu_hitoban" in row and row["row"].endswith(precision):
+                    row["mfu_hitoban"] *= peaks[precision] / fresh
+            peaks[precision] = fresh
+    total = sum(p.numel() for p in ours.parameters())
+    print(f"shape: {args.preset} {config.num_hidden_layers}L/{config.hidden_size}/{config.num_attention_heads}H "
+          f"vocab {config.vocab_size} ctx {args.ctx} batch {args.batch}, {total / 1e6:.2f}M params, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"matmul peak: fp32 {peaks['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.0f} GFLOP/s")
+    print(f"{'row':<32}{'hitoban':>10}{'llama':>10}{'ratio':>8}  (best-of tok/s; ratio = median paired "
+          "speed-up, > 1: hitoban better)")
+    for row in rows:
+        mfu = f"  MFU {row['mfu_hitoban']:.1%}" if "mfu_hitoban" in row else ""
+        print(f"{row['row'] + ' (' + row['unit'] + ')':<32}{row['hitoban']:>10,.0f}{row['llama']:>10,.0f}"
+              f"{row['ratio']:>8.2f}{mfu}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "peaks": peaks, "args": vars(args)}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

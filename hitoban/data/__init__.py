@@ -1,0 +1,1 @@
+"""Small texts that ship with hitoban (original, written for the project)."""

@@ -1,0 +1,104 @@
+"""Export a hitoban folder as a plain `LlamaForCausalLM` folder (no remote code needed downstream).
+
+The architectures are the same function (SPEC §2): fused qkv rows split into q/k/v_proj, fused gate/up rows split
+into gate_proj/up_proj, everything else renamed 1:1, tied embeddings kept tied. llama.cpp, vLLM and
+transformers.js users can then load the model as Llama. The export verifies itself: logits on random tokens must
+match to 1e-5 in fp32 and greedy generations must be identical, else nothing is written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from .configuration_hitoban import HitobanConfig
+from .modeling_hitoban import HitobanForCausalLM
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+
+
+def llama_config(config: HitobanConfig) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_attention_heads,
+        hidden_act="silu",
+        max_position_embeddings=config.max_position_embeddings,
+        rms_norm_eps=config.rms_norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": float(config.rope_theta)},
+        tie_word_embeddings=True,
+        attention_bias=False,
+        mlp_bias=False,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+    )
+
+
+def llama_state_dict(model: HitobanForCausalLM) -> dict[str, torch.Tensor]:
+    """Rename/split hitoban weights into Llama names (no lm_head: it is tied)."""
+    out = {}
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight":
+            continue
+        if name.endswith("self_attn.qkv_proj.weight"):
+            prefix = name[: -len("qkv_proj.weight")]
+            for part, chunk in zip(("q_proj", "k_proj", "v_proj"), tensor.chunk(3, dim=0)):
+                out[f"{prefix}{part}.weight"] = chunk.clone()
+        elif name.endswith("mlp.gate_up_proj.weight"):
+            prefix = name[: -len("gate_up_proj.weight")]
+            gate, up = tensor.chunk(2, dim=0)
+            out[f"{prefix}gate_proj.weight"], out[f"{prefix}up_proj.weight"] = gate.clone(), up.clone()
+        else:
+            out[name] = tensor.clone()
+    return out
+
+
+def to_llama(model: HitobanForCausalLM) -> LlamaForCausalLM:
+    llama = LlamaForCausalLM(llama_config(model.config)).to(dtype=model.dtype).eval()
+    missing, unexpected = llama.load_state_dict(llama_state_dict(model), strict=False)
+    missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise RuntimeError(f"Llama export mapping is incomplete: missing {missing}, unexpected {unexpected}")
+    llama.tie_weights()
+    return llama
+
+
+@torch.no_grad()
+def compare_logits(ours, theirs, vocab_size: int, seq_len: int = 64, seed: int = 0) -> float:
+    """Max |logit difference| on random token batches (fp32)."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab_size, (2, seq_len), generator=generator)
+    return (ours(ids).logits.float() - theirs(ids).logits.float()).abs().max().item()
+
+
+def export_llama(src: str | os.PathLike, dst: str | os.PathLike, atol: float = 1e-5) -> dict:
+    """Write `dst` as a LlamaForCausalLM folder (+ tokenizer files) after checking it computes what `src` does."""
+    dst = Path(dst)
+    if dst.exists():
+        raise FileExistsError(f"{dst} already exists; choose a new folder")
+    ours = HitobanForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    llama = to_llama(ours)
+    max_diff = compare_logits(ours, llama, ours.config.vocab_size, seq_len=min(64, ours.config.max_position_embeddings))
+    prompt = torch.arange(1, 9)[None] % ours.config.vocab_size
+    greedy = dict(max_new_tokens=16, do_sample=False, pad_token_id=ours.config.pad_token_id)
+    same_greedy = torch.equal(ours.generate(prompt, **greedy), llama.generate(prompt, **greedy))
+    if max_diff > atol or not same_greedy:
+        raise RuntimeError(f"Llama export does not match: max |logit diff| {max_diff:.3g}, greedy equal {same_greedy}")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dst.parent, prefix=f".{dst.name}.tmp") as tmp:
+        staged = Path(tmp) / "llama"
+        llama.save_pretrained(staged)
+        for name in TOKENIZER_FILES:
+            if (Path(src) / name).exists():
+                shutil.copy2(Path(src) / name, staged / name)
+        os.replace(staged, dst)
+    return {"max_abs_logit_diff": max_diff, "greedy_identical": same_greedy, "out": dst.name}

@@ -1,0 +1,38 @@
+"""Installs hitoban. The area folders at the top level become sub-packages: modeling/ -> hitoban.modeling, etc."""
+
+from setuptools import setup
+
+AREAS = ["modeling", "training", "evaluation", "release"]
+
+setup(
+    name="hitoban",
+    version="0.1.0",
+    description="Train a small language model overnight on one GPU or Mac, measure it honestly, publish it safely.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=["hitoban", "hitoban.data"] + [f"hitoban.{area}" for area in AREAS],
+    package_dir={"hitoban": "hitoban", **{f"hitoban.{area}": area for area in AREAS}},
+    package_data={"hitoban.data": ["*.txt", "*.jsonl", "*.md"]},
+    install_requires=[
+        "torch>=2.4",
+        # 5.24 renamed the cache kwarg (past_key_values -> cache); we follow that version's Llama and test it.
+        "transformers==5.24.*",
+        "accelerate>=1.10",
+        "datasets>=4.0",
+        "tokenizers>=0.22",
+        "sentencepiece>=0.2",
+        "safetensors>=0.5",
+        "huggingface_hub>=1.0",
+        "evaluate>=0.4.5",
+        "gradio>=5.0",
+        "numpy>=1.26",
+        "tqdm>=4.66",
+        "matplotlib>=3.8",
+    ],
+    extras_require={
+        "dev": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "ruff>=0.6"],
+    },
+    entry_points={"console_scripts": ["hitoban=hitoban.cli:main"]},
+)

@@ -1,0 +1,90 @@
+"""Shared fixtures. Real Japanese text comes from ../shared/corpus (never copied into the repository)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("HITOBAN_SHARED", REPO.parent / "shared"))
+CORPUS = SHARED / "corpus"
+
+
+def network_available() -> bool:
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=3).close()
+        return True
+    except OSError:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `network` need the Hugging Face Hub; they skip cleanly on offline machines (and in CI)."""
+    if any("network" in item.keywords for item in items) and not network_available():
+        skip = pytest.mark.skip(reason="needs network access to huggingface.co (offline here)")
+        for item in items:
+            if "network" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def corpus() -> Path:
+    if not CORPUS.is_dir():
+        pytest.fail(f"the shared test corpus is missing at {CORPUS} (set HITOBAN_SHARED to the shared/ folder)")
+    return CORPUS
+
+
+@pytest.fixture(scope="session")
+def literature_texts(corpus) -> list[str]:
+    files = sorted((corpus / "literature").glob("0*.txt"))
+    return [f.read_text(encoding="utf-8") for f in files]
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory, literature_texts) -> Path:
+    """A 4,000-piece tokenizer trained on ~1M chars of real literature (about 10 s)."""
+    from hitoban.training.tokenizer import train_tokenizer_from_texts
+
+    out = tmp_path_factory.mktemp("tok") / "tokenizer"
+    train_tokenizer_from_texts(literature_texts[:40], out, vocab_size=4000, max_chars=1_000_000,
+                               model_max_length=256)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_dir)
+
+
+@pytest.fixture
+def tiny_model():
+    from hitoban import HitobanConfig, HitobanForCausalLM
+
+    torch.manual_seed(0)
+    return HitobanForCausalLM(HitobanConfig.from_preset("tiny", vocab_size=2000)).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer_dir):
+    """A saved tiny model + tokenizer folder (random weights, real tokenizer)."""
+    from transformers import AutoTokenizer
+
+    from hitoban import HitobanConfig, HitobanForCausalLM
+
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    model = HitobanForCausalLM(HitobanConfig.from_preset("tiny", vocab_size=len(tok)))
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

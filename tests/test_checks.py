@@ -1,0 +1,61 @@
+"""The install check (`doctor`), the KV-cache check with its negative control, and the CLI surface."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hitoban.cli import VERBS, main
+from hitoban.doctor import run_doctor
+from hitoban.evaluation.kvcache import check_kvcache
+
+
+def test_kvcache_check_passes_on_the_real_cache():
+    result = check_kvcache()
+    assert result["passed"] and result["max_abs_diff"] <= 1e-5 and result["positions_checked"] == 13
+
+
+def test_kvcache_check_fails_when_the_rope_offset_is_broken():
+    result = check_kvcache(break_rope_offset=True)
+    assert not result["passed"] and result["max_abs_diff"] > 1e-2
+
+
+def test_kvcache_cli_exit_codes(capsys):
+    assert main(["check-kvcache"]) == 0
+    assert "PASS" in capsys.readouterr().out
+    assert main(["check-kvcache", "--break-rope-offset"]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_kvcache_check_on_a_saved_model(tiny_model_dir, capsys):
+    assert main(["check-kvcache", "--model", str(tiny_model_dir)]) == 0
+
+
+def test_doctor_trains_generates_saves_and_reloads(tmp_path):
+    report = run_doctor(tmp_path, steps=120, log=lambda *_: None)
+    assert report["loss_last"] < report["loss_first"] - 1.0
+    assert report["reload_max_abs_diff"] == 0.0 and report["reload_same_generation"]
+    assert report["generation"].startswith("夜の研究室は")
+    assert json.loads((tmp_path / "doctor.json").read_text())["steps"] == 120
+    assert (tmp_path / "model" / "model.safetensors").exists() and (tmp_path / "model" / "tokenizer.json").exists()
+
+
+def test_doctor_fails_loudly_when_training_cannot_learn(tmp_path):
+    with pytest.raises(RuntimeError, match="loss did not fall"):
+        run_doctor(tmp_path, steps=1, log=lambda *_: None)
+
+
+@pytest.mark.parametrize("verb", sorted(VERBS))
+def test_every_verb_explains_itself(verb, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([verb, "--help"])
+    assert exit_info.value.code == 0
+    assert len(capsys.readouterr().out) > 100
+
+
+def test_console_script_is_installed():
+    run = subprocess.run([sys.executable, "-m", "hitoban.cli", "--version"], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.startswith("hitoban ")
