@@ -122,7 +122,10 @@ def main() -> None:
     models = {"hitoban": ours, "llama": llama}
     ids = torch.randint(0, config.vocab_size, (args.batch, args.ctx))
     tokens = ids.numel()
-    peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
+    peaks = {"fp32": matmul_peak(torch.float32)}
+    # Probe bf16 on a small matrix first: emulated bf16 (no AVX512-BF16/AMX) takes minutes at full size.
+    probe = matmul_peak(torch.bfloat16, n=256, repeats=2)
+    peaks["bf16"] = matmul_peak(torch.bfloat16) if probe > peaks["fp32"] / 4 or args.bf16 else probe
     flops = train_flops_per_token(config, args.ctx)
     rows = []
 

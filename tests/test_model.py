@@ -218,3 +218,13 @@ def test_loss_under_bf16_autocast_is_close_to_fp32(tiny_model):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         bf16 = tiny_model(ids, labels=ids)
     assert bf16.logits.dtype == torch.bfloat16 and abs(bf16.loss.item() - fp32.item()) < 0.05
+
+
+def test_dropout_is_active_only_in_training():
+    torch.manual_seed(0)
+    model = HitobanForCausalLM(HitobanConfig.from_preset("tiny", vocab_size=300, dropout=0.3))
+    ids = torch.randint(0, 300, (2, 16))
+    model.train()
+    assert not torch.equal(model(ids).logits, model(ids).logits)
+    model.eval()
+    assert torch.equal(model(ids).logits, model(ids).logits)

@@ -238,13 +238,50 @@ def chars_per_token(tok: PreTrainedTokenizerFast, texts: Iterable[str]) -> float
     """Characters per token on held-out text (3LM: 2.101 at 32k on web text). Higher = more compact."""
     chars = tokens = 0
     batch: list[str] = []
-    for text in texts:
-        batch.append(text)
-        if len(batch) == 256:
-            tokens += sum(len(ids) for ids in tok(batch, add_special_tokens=False)["input_ids"])
+    for text in [*texts, None]:  # None flushes the last batch
+        if text is not None:
+            batch.append(text)
+        if len(batch) == 256 or (text is None and batch):
+            encodings = tok.backend_tokenizer.encode_batch(batch, add_special_tokens=False)  # Rust, parallel
+            tokens += sum(len(e.ids) for e in encodings)
             chars += sum(map(len, batch))
             batch = []
-    if batch:
-        tokens += sum(len(ids) for ids in tok(batch, add_special_tokens=False)["input_ids"])
-        chars += sum(map(len, batch))
     return chars / max(tokens, 1)
+
+
+def train_tokenizer_from_corpus(
+    corpus: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    vocab_size: int = 32000,
+    max_chars: int = 300_000_000,
+    source_caps: dict[str, int] | None = None,
+    seed: int = 1234,
+    model_max_length: int = 512,
+    heldout_every: int = 50,
+) -> dict:
+    """Train on a `hitoban corpus` folder: a strided sample within `max_chars` (huge corpora are never read whole),
+    every `heldout_every`-th sampled document kept out and used to report chars/token."""
+    from hitoban.training.corpus import iter_corpus, load_manifest
+
+    manifest = load_manifest(corpus)
+    stride = max(1, round(manifest["total_chars"] / max_chars))  # 3LM: spread the sample over the whole corpus
+    heldout: list[str] = []
+
+    def sample():
+        for index, record in enumerate(iter_corpus(corpus)):
+            if index % stride:
+                continue
+            if (index // stride) % heldout_every == heldout_every - 1:
+                if sum(map(len, heldout)) < 2_000_000:
+                    heldout.append(record["text"])
+                continue
+            yield record["source"], record["text"]
+
+    meta = train_tokenizer_from_texts(sample(), out_dir, vocab_size, seed, max_chars, source_caps, model_max_length)
+    tok = load_tokenizer(out_dir)
+    meta["sample"]["stride"] = stride
+    meta["heldout"] = {"documents": len(heldout), "chars": sum(map(len, heldout)),
+                       "chars_per_token": round(chars_per_token(tok, heldout), 4) if heldout else None}
+    meta["corpus_sha256"] = manifest["output"]["sha256"]
+    Path(out_dir, "tokenizer_meta.json").write_text(json.dumps(meta, ensure_ascii=False, indent=2), encoding="utf-8")
+    return meta

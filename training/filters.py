@@ -1,0 +1,211 @@
+"""Document filters and PII masking for the pretraining corpus (SPEC §4.1, 3LM §3.1).
+
+The filters run in 3LM's order with its thresholds; the first failure rejects the document and the reason is
+counted. Cleaning never applies NFKC: full-width punctuation is part of Japanese text.
+PII masking runs on accepted text: e-mail addresses, Japanese phone numbers and Luhn-valid card numbers become
+placeholders before anything is written, so no later step (tokenizer, shards, model) ever sees them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+BAD_PAGE = re.compile(
+    r"18歳未満|アダルトサイト|出会い系|(404|403)\s*(Not Found|Forbidden)|お探しのページは(見つかりません|移動)"
+)
+_NAV_WORDS = ("ホーム|トップ|メニュー|サイトマップ|お問い合わせ|プライバシーポリシー|利用規約|会社概要|"
+              "採用情報|関連記事|"
+              "人気記事|新着記事|カテゴリー?|前の記事|次の記事|コメントを残す|コメントする|返信をキャンセル|ページの先頭へ|"
+              "検索|ログイン|新規登録|カートに入れる|続きを読む")
+BOILERPLATE_LINE = re.compile(
+    r"(Cookie|クッキー).{0,20}(使用|利用|同意)|(使用|利用|同意).{0,20}(Cookie|クッキー)"
+    r"|JavaScript.{0,30}(有効|オフ|無効)"
+    rf"|^\s*({_NAV_WORDS})\s*$"
+    r"|無断(転載|複写|複製)を?禁(じ|ず)|All Rights Reserved",
+    re.IGNORECASE,
+)
+_WHITESPACE = re.compile(r"\s+")
+_JAPANESE = re.compile(r"[\u3040-\u309F\u30A0-\u30FF\u4E00-\u9FFF々〆ー、。「」]")
+
+REASONS = ("bad_page", "too_short", "low_japanese_ratio", "repetition", "duplicate", "near_duplicate")
+
+
+@dataclass
+class FilterSettings:
+    """Each filter can be turned off or retuned; defaults are 3LM's."""
+
+    bad_pages: bool = True
+    boilerplate: bool = True
+    min_chars: int = 200
+    max_chars: int = 20_000
+    min_japanese_ratio: float = 0.70
+    repeat_window: int = 20
+    repeat_limit: int = 4
+    dedup_prefix_chars: int = 200
+    near_dup_threshold: float | None = 0.85  # MinHash-LSH Jaccard threshold; None turns near-dup off
+    keep_newlines: bool = False  # 3LM joins kept lines with spaces; keep them for prose that needs line breaks
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def japanese_ratio(text: str) -> float:
+    return len(_JAPANESE.findall(text)) / max(len(text), 1)
+
+
+def clean(text: str, settings: FilterSettings) -> str:
+    """Drop boilerplate lines, control characters (except newline/tab) and runs of whitespace (3LM step 2)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if settings.boilerplate:
+        lines = [line for line in lines if not BOILERPLATE_LINE.search(line)]
+    if settings.keep_newlines:
+        lines = ["".join(ch for ch in line if unicodedata.category(ch)[0] != "C" or ch == "\t") for line in lines]
+        return "\n".join(_WHITESPACE.sub(" ", line).strip() for line in lines if line.strip())
+    joined = " ".join(lines)
+    joined = "".join(ch for ch in joined if unicodedata.category(ch)[0] != "C" or ch in "\n\t")
+    return _WHITESPACE.sub(" ", joined).strip()
+
+
+def is_repetitive(text: str, window: int = 20, limit: int = 4) -> bool:
+    """True if any sampled `window`-char window occurs >= `limit` times (stride len//2000, 3LM step 5)."""
+    if len(text) < 80:
+        return False
+    stride = max(1, len(text) // 2000)
+    seen: Counter[str] = Counter()
+    for start in range(0, len(text) - window + 1, stride):
+        piece = text[start : start + window]
+        seen[piece] += 1
+        if seen[piece] >= limit:
+            return True
+    return False
+
+
+class NearDuplicates:
+    """MinHash LSH over character 5-grams (datasketch): catches re-posted pages that differ in a few words."""
+
+    def __init__(self, threshold: float, num_perm: int = 64, seed: int = 1):
+        from datasketch import MinHash, MinHashLSH
+
+        self._minhash, self._num_perm, self._seed = MinHash, num_perm, seed
+        self.lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
+        self.count = 0
+
+    def seen_before(self, text: str) -> bool:
+        sample = text[:2000]
+        shingles = {sample[i : i + 5].encode("utf-8") for i in range(max(1, len(sample) - 4))}
+        signature = self._minhash(num_perm=self._num_perm, seed=self._seed)
+        signature.update_batch(list(shingles))
+        if self.lsh.query(signature):
+            return True
+        self.lsh.insert(str(self.count), signature, check_duplication=False)
+        self.count += 1
+        return False
+
+
+@dataclass
+class DocumentFilter:
+    """Stateful filter (it remembers what it has seen for de-duplication). `apply` returns text or None."""
+
+    settings: FilterSettings = field(default_factory=FilterSettings)
+    rejected: Counter = field(default_factory=Counter)
+    truncated: int = 0
+
+    def __post_init__(self):
+        self._prefixes: set[bytes] = set()
+        self._near = NearDuplicates(self.settings.near_dup_threshold) if self.settings.near_dup_threshold else None
+
+    def apply(self, raw: str) -> str | None:
+        s = self.settings
+        if s.bad_pages and BAD_PAGE.search(raw):
+            return self._reject("bad_page")
+        text = clean(raw, s)
+        if len(text) < s.min_chars:
+            return self._reject("too_short")
+        if len(text) > s.max_chars:
+            text, self.truncated = text[: s.max_chars], self.truncated + 1
+        if japanese_ratio(text) < s.min_japanese_ratio:
+            return self._reject("low_japanese_ratio")
+        if s.repeat_limit and is_repetitive(text, s.repeat_window, s.repeat_limit):
+            return self._reject("repetition")
+        prefix = hashlib.blake2b(text[: s.dedup_prefix_chars].encode("utf-8"), digest_size=16).digest()
+        if prefix in self._prefixes:
+            return self._reject("duplicate")
+        self._prefixes.add(prefix)
+        if self._near is not None and self._near.seen_before(text):
+            return self._reject("near_duplicate")
+        return text
+
+    def _reject(self, reason: str) -> None:
+        self.rejected[reason] += 1
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# PII masking
+
+EMAIL = re.compile(r"(?<![\w.+-])[A-Za-z0-9][A-Za-z0-9._%+-]*[@＠][A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
+EXAMPLE_DOMAIN = re.compile(
+    r"[@＠](?:[\w-]+\.)*(?:example\.(?:com|org|net|jp|co\.jp)|[\w-]+\.(?:test|example|invalid|localhost))$",
+    re.IGNORECASE,
+)
+_D = r"[0-9０-９]"
+_SEP = r"[-‐－ー―(（)） ]"
+PHONE = re.compile(
+    rf"(?<![0-9０-９])(?:"
+    rf"(?:\+81|＋８１){_SEP}?{_D}{{1,4}}{_SEP}{{1,2}}{_D}{{1,4}}{_SEP}{{1,2}}{_D}{{3,4}}"  # +81 3-1234-5678
+    rf"|[0０]{_D}{{1,4}}{_SEP}{{1,2}}{_D}{{1,4}}{_SEP}{{1,2}}{_D}{{3,4}}"  # 03-1234-5678, 090-1234-5678
+    rf"|[0０][5789５７８９][0０]{_D}{{8}}"  # 09012345678 (mobile / IP phone, no separators)
+    rf"|[0０][1-9１-９]{_D}{{8}}"  # 0312345678 (landline, no separators)
+    rf")(?![0-9０-９])"
+)
+CARD = re.compile(r"(?<![0-9])(?:\d[ -]?){12,15}\d(?![0-9])")
+PLACEHOLDERS = {"email": "<|email|>", "phone": "<|phone|>", "card": "<|card|>"}
+
+
+def _luhn_ok(digits: str) -> bool:
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = int(ch) * (2 if i % 2 else 1)
+        total += d - 9 if d > 9 else d
+    return total % 10 == 0
+
+
+def _phone_digit_count_ok(match: str) -> bool:
+    digits = sum(ch.isdigit() for ch in unicodedata.normalize("NFKC", match))
+    return 10 <= digits <= 12
+
+
+@dataclass
+class PIIMasker:
+    """Replace e-mails, Japanese phone numbers and card numbers with placeholders; count everything."""
+
+    counts: Counter = field(default_factory=Counter)
+
+    def mask(self, text: str) -> str:
+        def email(m: re.Match) -> str:
+            if EXAMPLE_DOMAIN.search(m.group(0)):
+                self.counts["email_example_kept"] += 1
+                return m.group(0)
+            self.counts["email"] += 1
+            return PLACEHOLDERS["email"]
+
+        def phone(m: re.Match) -> str:
+            if not _phone_digit_count_ok(m.group(0)):
+                return m.group(0)
+            self.counts["phone"] += 1
+            return PLACEHOLDERS["phone"]
+
+        def card(m: re.Match) -> str:
+            digits = re.sub(r"\D", "", m.group(0))
+            if not _luhn_ok(digits):
+                return m.group(0)
+            self.counts["card"] += 1
+            return PLACEHOLDERS["card"]
+
+        text = EMAIL.sub(email, text)
+        text = CARD.sub(card, text)
+        return PHONE.sub(phone, text)
