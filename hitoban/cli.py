@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 
@@ -209,6 +210,128 @@ def _shards(args) -> int:
     return 0
 
 
+def _pretrain_args(p):
+    p.add_argument("--data", required=True, help="a shard folder from `hitoban shards`")
+    p.add_argument("--out", required=True, help="run folder: checkpoints, final/, log.jsonl, heartbeat.json")
+    p.add_argument("--preset", default="3lm", help="model shape: tiny, small, 3lm, zxell-s")
+    budget = p.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--tokens", type=float, help="token budget (the LR schedule is built for exactly this)")
+    budget.add_argument("--steps", type=int, help="step budget")
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per optimizer step, over all processes")
+    p.add_argument("--context", type=int, help="tokens per sequence (default: the preset's)")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (same result, less memory)")
+    p.add_argument("--lr", type=float, default=6e-4)
+    p.add_argument("--min-lr-ratio", type=float, default=0.1)
+    p.add_argument("--warmup-frac", type=float, default=0.02)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--no-adam-bias-correction", action="store_true",
+                   help="3LM/MLX AdamW semantics: no bias correction (smaller first updates)")
+    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--resume", choices=["auto", "never"], default="auto")
+    p.add_argument("--save-every-steps", type=int)
+    p.add_argument("--save-every-min", type=float, default=10.0)
+    p.add_argument("--eval-every", type=int, default=500)
+    p.add_argument("--eval-batches", type=int, default=20)
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--max-hours", type=float, help="save and stop cleanly after this much training time")
+    p.add_argument("--precision", choices=["auto", "no", "bf16", "fp16"], default="auto",
+                   help="auto: bf16 on CUDA, fp32 elsewhere")
+    p.add_argument("--cpu", action="store_true", help="train on the CPU even when a GPU/MPS is present")
+    p.add_argument("--memory-cap-gb", type=float, help="cap GPU/MPS memory for this process")
+    p.add_argument("--skip-memory-check", action="store_true")
+    p.add_argument("--supervise", action="store_true",
+                   help="relaunch after a crash while the saved step advances; keep the machine awake")
+    p.add_argument("--max-restarts", type=int, default=40)
+    p.add_argument("--no-progress", action="store_true")
+
+
+@verb("pretrain", "pretrain on shards with crash-safe A/B checkpoints and exact resume (Accelerate)")(_pretrain_args)
+def _pretrain(args) -> int:
+    from hitoban.training.pretrain import PretrainConfig, pretrain
+
+    if args.supervise:
+        from hitoban.training.supervise import supervise
+
+        argv = [a for a in sys.argv[1:] if a != "--supervise"]
+        return supervise(argv, Path(args.out), args.max_restarts)
+    cfg = PretrainConfig(
+        data=args.data, out=args.out, preset=args.preset, tokens=int(args.tokens) if args.tokens else None,
+        steps=args.steps, batch_size=args.batch_size, context=args.context, grad_accum=args.grad_accum, lr=args.lr,
+        min_lr_ratio=args.min_lr_ratio, warmup_frac=args.warmup_frac, weight_decay=args.weight_decay,
+        grad_clip=args.grad_clip, adam_bias_correction=not args.no_adam_bias_correction, dropout=args.dropout,
+        seed=args.seed, resume=args.resume, save_every_steps=args.save_every_steps, save_every_min=args.save_every_min,
+        eval_every=args.eval_every, eval_batches=args.eval_batches, log_every=args.log_every,
+        max_hours=args.max_hours, precision=args.precision, cpu=args.cpu, memory_cap_gb=args.memory_cap_gb,
+        skip_memory_check=args.skip_memory_check, progress=not args.no_progress)
+    pretrain(cfg)
+    return 0
+
+
+def _killtest_args(p):
+    p.add_argument("--data", required=True, help="a shard folder (a small one is enough)")
+    p.add_argument("--work", default="hitoban-killtest", help="scratch folder; killtest.json and .png land here")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--context", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--kills", type=int, default=2, help="SIGKILLs (the first lands inside a checkpoint save)")
+
+
+@verb("killtest", "SIGKILL a real run twice (once mid-save), resume, compare with an uninterrupted run")(
+    _killtest_args)
+def _killtest(args) -> int:
+    from hitoban.training.killtest import run_killtest
+
+    result = run_killtest(args.data, args.work, args.steps, args.preset, args.context, args.batch_size, args.kills)
+    failed = [name for name, ok in result["checks"].items() if not ok]
+    print(f"kill test {'PASSED' if result['passed'] else 'FAILED: ' + ', '.join(failed)} ({result['mode']}, "
+          f"{result['seconds']} s) -> {args.work}/killtest.json, killtest.png")
+    return 0 if result["passed"] else 1
+
+
+def _watch_args(p):
+    p.add_argument("run", help="a pretraining run folder")
+    p.add_argument("--interval", type=float, default=10.0)
+    p.add_argument("--once", action="store_true", help="print once and exit")
+
+
+@verb("watch", "show a run's progress, ETA and health from its heartbeat")(_watch_args)
+def _watch(args) -> int:
+    from hitoban.training.watch import watch
+
+    watch(args.run, args.interval, args.once)
+    return 0
+
+
+def _calibrate_args(p):
+    p.add_argument("--data", help="shard folder (real batches and vocab); default: random tokens")
+    p.add_argument("--hours", type=float, default=8.0, help="length of the night")
+    p.add_argument("--candidate", action="append", metavar="PRESET:BATCH",
+                   help="repeatable; default: tiny:8 small:16 3lm:24 3lm:32 3lm:48 zxell-s:16")
+    p.add_argument("--vocab-size", type=int, default=32000)
+    p.add_argument("--context", type=int)
+    p.add_argument("--steps", type=int, default=10, help="timed steps per candidate (after --warmup)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--cpu", action="store_true")
+    p.add_argument("--out", help="also write the table as JSON")
+
+
+@verb("calibrate", "measure tok/s per model/batch and pick the run closest to D/N = 20 for the night")(
+    _calibrate_args)
+def _calibrate(args) -> int:
+    from hitoban.training.calibrate import DEFAULT_CANDIDATES, calibrate
+
+    print(f"{'candidate':<16}{'params':>8}{'non-emb':>9}{'tok/s':>17}{'memory':>10}{'tokens':>22}{'D/N':>11}")
+    result = calibrate(args.candidate or DEFAULT_CANDIDATES, args.hours, args.data, args.vocab_size, args.context,
+                       args.steps, args.warmup, args.cpu)
+    print(f"selected {result['selected']} (D/N closest to 20); run:\n  {result['command']}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from hitoban import __version__
 
@@ -221,17 +344,17 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (help_text, add_arguments, run) in VERBS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         add_arguments(p)
-        p.set_defaults(run=run)
+        p.set_defaults(handler=run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.run(args)
-    except (ValueError, OSError, RuntimeError) as err:
+        return args.handler(args)
+    except (ValueError, OSError, RuntimeError, MemoryError) as err:
         print(f"hitoban {args.verb}: error: {err}", file=sys.stderr)
-        return 2
+        return 3 if type(err).__name__ == "TrainingDiverged" else 2
 
 
 if __name__ == "__main__":

@@ -88,3 +88,21 @@ def tiny_model_dir(tmp_path_factory, tokenizer_dir):
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_shards(tmp_path_factory, corpus) -> Path:
+    """Real shards: 30 Aozora works (<= 60k chars each), 4,000-piece tokenizer, 3 train shards, val and test."""
+    from hitoban.training.corpus import build_corpus, local_source
+    from hitoban.training.filters import FilterSettings
+    from hitoban.training.shards import build_shards
+    from hitoban.training.tokenizer import train_tokenizer_from_corpus
+
+    root = tmp_path_factory.mktemp("shards")
+    works = [str(p) for p in sorted((corpus / "literature").glob("0*.txt"))[:30]]
+    build_corpus([local_source(works, name="literature", doc_per_file=True)], root / "corpus",
+                 settings=FilterSettings(max_chars=60_000), progress=False)
+    train_tokenizer_from_corpus(root / "corpus", root / "tok", vocab_size=4000)
+    build_shards(root / "corpus", root / "tok", root / "shards", shard_tokens=80_000, val_every=8, context=64,
+                 progress=False)
+    return root / "shards"

@@ -1,0 +1,232 @@
+"""Pretraining: schedule, optimizer, loop, checkpoints and their failure paths, kill test, DDP (SPEC §5)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hitoban.cli import main
+from hitoban.training import checkpoint as checkpoint_module
+from hitoban.training.calibrate import calibrate
+from hitoban.training.checkpoint import CheckpointError, current_slot
+from hitoban.training.killtest import run_killtest
+from hitoban.training.optim import AdamW, lr_at
+from hitoban.training.pretrain import PretrainConfig, TrainingDiverged, pretrain
+from hitoban.training.supervise import keep_awake_prefix, supervise
+from hitoban.training.watch import render
+
+TINY = dict(preset="tiny", context=64, batch_size=8, log_every=5, eval_every=10, eval_batches=2, progress=False,
+            cpu=True, save_every_min=60)
+
+
+def config(data, out, **overrides) -> PretrainConfig:
+    return PretrainConfig(data=str(data), out=str(out), **{**TINY, "steps": 20, **overrides})
+
+
+# ------------------------------------------------------------------------------------------------ schedule, optimizer
+
+def test_lr_schedule_matches_3lm_recorded_values():
+    total = 22_437  # 3LM's night: warmup 448
+    assert abs(lr_at(50, total, 6e-4) - 7.7625e-5) < 1e-12
+    assert abs(lr_at(448, total, 6e-4) - 6e-4) < 1e-12
+    assert abs(lr_at(total, total, 6e-4) - 6e-5) < 1e-12
+    values = [lr_at(s, total, 6e-4) for s in range(0, total + 1, 100)]
+    peak = values.index(max(values))
+    assert values[:peak] == sorted(values[:peak]) and values[peak:] == sorted(values[peak:], reverse=True)
+
+
+def test_adamw_without_bias_correction_is_the_mlx_update():
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(5))
+    start, grad = p.detach().clone(), torch.randn(5)
+    optimizer = AdamW([p], lr=0.1, weight_decay=0.1, bias_correction=False)
+    p.grad = grad.clone()
+    optimizer.step()
+    m, v = 0.1 * grad, 0.001 * grad**2
+    expected = start * (1 - 0.1 * 0.1) - 0.1 * m / (v.sqrt() + 1e-8)
+    assert torch.allclose(p.detach(), expected, atol=1e-6)
+    q = torch.nn.Parameter(start.clone())
+    reference = torch.optim.AdamW([q], lr=0.1, weight_decay=0.1)
+    r = torch.nn.Parameter(start.clone())
+    ours = AdamW([r], lr=0.1, weight_decay=0.1)
+    for opt, param in ((reference, q), (ours, r)):
+        param.grad = grad.clone()
+        opt.step()
+    assert torch.equal(q, r)
+
+
+# ------------------------------------------------------------------------------------------------ the loop
+
+def test_pretrain_end_to_end_writes_a_loadable_model_and_logs(tiny_shards, tmp_path):
+    summary = pretrain(config(tiny_shards, tmp_path / "run", steps=30, lr=3e-3))
+    run = tmp_path / "run"
+    assert summary["steps"] == 30 and summary["stop_reason"] == "budget"
+    records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["type"] == "train"]
+    evals = [r for r in records if r["type"] == "eval"]
+    assert [r["step"] for r in train] == [5, 10, 15, 20, 25, 30] and train[-1]["loss"] < train[0]["loss"] - 0.5
+    assert [r["step"] for r in evals] == [10, 20, 30] and set(evals[0]["val_domains"]) == {"literature"}
+    heartbeat = json.loads((run / "heartbeat.json").read_text())
+    assert heartbeat["finished"] and heartbeat["stop_reason"] == "budget" and heartbeat["step"] == 30
+    saved = json.loads((current_slot(run) / "train_state.json").read_text())
+    assert saved["step"] == 30 and saved["tokens_seen"] == 30 * 8 * 64
+    assert json.loads((run / "config.json").read_text())["data_index_sha256"] == saved["data_index_sha256"]
+    model = AutoModelForCausalLM.from_pretrained(run / "final")
+    tok = AutoTokenizer.from_pretrained(run / "final")
+    metrics = json.loads((run / "final" / "metrics.json").read_text())
+    assert metrics["val_loss"] == round(min(e["val_loss"] for e in evals), 4)
+    out = model.generate(**tok("吾輩は", return_tensors="pt"), max_new_tokens=5, do_sample=False)
+    assert out.shape[1] > 2
+    assert not (run / "final" / "optimizer.safetensors").exists()
+
+
+def test_resume_refuses_changed_settings(tiny_shards, tmp_path):
+    pretrain(config(tiny_shards, tmp_path / "run", steps=10))
+    with pytest.raises(CheckpointError, match="changed settings/tokenizer: .*batch_size"):
+        pretrain(config(tiny_shards, tmp_path / "run", steps=10, batch_size=4))
+    with pytest.raises(CheckpointError, match="model_config"):
+        pretrain(config(tiny_shards, tmp_path / "run", steps=10, preset="small"))
+    pretrain(config(tiny_shards, tmp_path / "run", steps=10, batch_size=4, resume="never"))  # explicit fresh start
+
+
+def test_nan_loss_stops_without_touching_the_last_good_checkpoint(tiny_shards, tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(TrainingDiverged, match=r"untouched"):
+        pretrain(config(tiny_shards, run, steps=20, lr=1e12, grad_clip=0.0, save_every_steps=1, eval_every=1000))
+    slot = current_slot(run)
+    state = json.loads((slot / "train_state.json").read_text())
+    assert (slot / "COMPLETE").exists() and state["step"] >= 1
+    weights = load_file(str(slot / "model.safetensors"))
+    assert all(torch.isfinite(t).all() for t in weights.values())
+    assert json.loads((run / "heartbeat.json").read_text())["stop_reason"] == "nan"
+
+
+def test_a_failed_save_keeps_the_previous_slot_and_current(tiny_shards, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    real_save_file, calls = checkpoint_module.save_file, {"n": 0}
+
+    def disk_full_on_second_save(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save_file(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module, "save_file", disk_full_on_second_save)
+    with pytest.raises(CheckpointError, match="No space left on device; the last good checkpoint \\(ckpt-A\\)"):
+        pretrain(config(tiny_shards, run, steps=20, save_every_steps=5, eval_every=1000))
+    assert (run / "CURRENT").read_text().strip() == "ckpt-A"
+    assert json.loads((run / "ckpt-A" / "train_state.json").read_text())["step"] == 5
+    assert not (run / "ckpt-B").exists()  # no half-written slot left behind
+
+
+def test_sigterm_saves_at_the_next_step_and_exits_cleanly(tiny_shards, tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "hitoban.cli", "pretrain", "--data", str(tiny_shards), "--out",
+                             str(run), "--preset", "tiny", "--context", "64", "--steps", "2000", "--batch-size", "8",
+                             "--log-every", "5", "--no-progress", "--cpu"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not ((run / "log.jsonl").exists() and (run / "log.jsonl").read_text()):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output[-2000:]
+    heartbeat = json.loads((run / "heartbeat.json").read_text())
+    assert heartbeat["stop_reason"] == "signal SIGTERM" and 5 <= heartbeat["step"] < 2000
+    assert json.loads((current_slot(run) / "train_state.json").read_text())["step"] == heartbeat["step"]
+    assert "resume with the same command" in output
+
+
+def test_watch_renders_progress_stale_and_finished_states(tmp_path):
+    assert "waiting" in render(tmp_path)
+    beat = {"updated_at": 1000.0, "step": 50, "total_steps": 200, "tokens_seen": 5000, "token_budget": 20000,
+            "train_loss": 5.5, "best_val": None, "lr": 3e-4, "tok_per_sec": 1200.0, "elapsed_hours": 0.5,
+            "eta_hours": 1.5, "peak_gb": None, "resumes": 1, "finished": False, "stop_reason": None}
+    (tmp_path / "heartbeat.json").write_text(json.dumps(beat))
+    screen = render(tmp_path, now=1010.0)
+    assert "25.0%" in screen and "not measured yet" in screen and "ETA 1.50 h" in screen and "resumes 1" in screen
+    assert "may have crashed" in render(tmp_path, now=1000.0 + 600)
+    (tmp_path / "heartbeat.json").write_text(json.dumps({**beat, "finished": True, "stop_reason": "budget"}))
+    assert "finished: budget" in render(tmp_path, now=5000.0)
+    assert main(["watch", str(tmp_path), "--once"]) == 0
+
+
+def test_supervise_stops_on_a_crash_loop_and_returns_success(tiny_shards, tmp_path):
+    assert keep_awake_prefix() in ([], ["systemd-inhibit", "--what=sleep:idle", "--who=hitoban",
+                                        "--why=overnight pretraining"])
+    crash = ["pretrain", "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "r"), "--steps", "5"]
+    assert supervise(crash, tmp_path / "r", max_restarts=5, pause=0) == 2  # no progress: one attempt, no loop
+    ok = ["pretrain", "--data", str(tiny_shards), "--out", str(tmp_path / "ok"), "--preset", "tiny", "--context",
+          "64", "--steps", "6", "--batch-size", "4", "--no-progress", "--cpu"]
+    assert supervise(ok, tmp_path / "ok", max_restarts=2, pause=0) == 0
+    assert json.loads((current_slot(tmp_path / "ok") / "train_state.json").read_text())["step"] == 6
+
+
+def test_memory_preflight_refuses_impossible_runs(tiny_shards, tmp_path):
+    with pytest.raises(MemoryError, match="lower --batch-size"):
+        pretrain(config(tiny_shards, tmp_path / "run", preset="3lm", batch_size=100_000, context=64))
+
+
+def test_calibrate_measures_candidates_and_picks_d_over_n_near_20(tiny_shards):
+    result = calibrate(["tiny:4", "tiny:8"], hours=0.01, data_dir=str(tiny_shards), steps=2, warmup=1, cpu=True,
+                       log=lambda *_: None)
+    assert [r["label"] for r in result["results"]] == ["tiny b4", "tiny b8"]
+    for row in result["results"]:
+        assert row["tok_per_sec"] > 0 and row["tokens_in_budget"] == int(row["tok_per_sec"] * 36 * 0.9)
+        assert row["d_over_n"] == row["tokens_in_budget"] / row["non_embedding"]
+    best = min(result["results"], key=lambda r: abs(r["d_over_n"] - 20))
+    assert result["selected"] == best["label"] and f"--tokens {best['tokens_in_budget']}" in result["command"]
+
+
+# ------------------------------------------------------------------------------------------------ kill test
+
+def test_killtest_resumed_run_is_bit_identical_and_the_control_fails(tiny_shards, tmp_path):
+    result = run_killtest(tiny_shards, tmp_path / "kt", steps=30, log=lambda *_: None)
+    assert result["passed"], result["checks"]
+    assert result["noise"] == 0.0 and result["killed_bit_identical"] and result["killed_diff"] == 0.0
+    assert result["resumes"] >= 2 and result["loss_step"] == 0.0 and result["loss_compared_steps"]
+    assert result["control_diff"] > 0.0  # negative control: a dropped optimizer state is visible
+    assert result["restore"]["exact"] and (tmp_path / "kt" / "killtest.png").stat().st_size > 10_000
+
+
+# ------------------------------------------------------------------------------------------------ distributed
+
+def _launch(args: list[str], processes: int, tmp_path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "MASTER_PORT": "29517"}
+    if processes == 1:
+        command = [sys.executable, "-m", "hitoban.cli", *args]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
+                   "--master_port", "29517", "-m", "hitoban.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+
+
+def test_two_process_ddp_matches_one_process_and_resumes_in_one(tiny_shards, tmp_path):
+    common = ["pretrain", "--data", str(tiny_shards), "--preset", "tiny", "--context", "64", "--steps", "12",
+              "--batch-size", "8", "--log-every", "4", "--eval-every", "100", "--no-progress", "--cpu"]
+    two = _launch(common + ["--out", str(tmp_path / "ddp")], 2, tmp_path)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "2 process(es)" in two.stdout + two.stderr
+    one = _launch(common + ["--out", str(tmp_path / "single")], 1, tmp_path)
+    assert one.returncode == 0, one.stderr[-3000:]
+    a = load_file(str(current_slot(tmp_path / "ddp") / "model.safetensors"))
+    b = load_file(str(current_slot(tmp_path / "single") / "model.safetensors"))
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
+    # a checkpoint written by 2 processes resumes in 1: stop the 2-process run after its first step, finish alone
+    stop_early = _launch(common + ["--out", str(tmp_path / "mixed"), "--max-hours", "1e-9"], 2, tmp_path)
+    assert stop_early.returncode == 0, stop_early.stderr[-3000:]
+    assert json.loads((current_slot(tmp_path / "mixed") / "train_state.json").read_text())["step"] < 12
+    finish = _launch(common + ["--out", str(tmp_path / "mixed")], 1, tmp_path)
+    assert finish.returncode == 0 and "# resumed at step" in finish.stdout
+    c = load_file(str(current_slot(tmp_path / "mixed") / "model.safetensors"))
+    assert max((c[k] - b[k]).abs().max().item() for k in c) < 1e-4

@@ -1,0 +1,108 @@
+"""`hitoban calibrate`: measure real training throughput per candidate and size the night's budget (3LM §7).
+
+For each (preset, batch) candidate: a fresh model and AdamW, warm-up steps untimed, then timed real steps
+(forward, backward, clip, update) on real batches; tokens in the night = tok/s x hours x 0.9 (10% kept for
+eval and saves); D/N = tokens / non-embedding parameters. The candidate closest to D/N 20 (Chinchilla) wins and
+its exact `hitoban pretrain` command is printed.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+
+import numpy as np
+import torch
+
+from hitoban.modeling import HitobanConfig, HitobanForCausalLM
+from hitoban.training.optim import AdamW
+
+DEFAULT_CANDIDATES = ["tiny:8", "small:16", "3lm:24", "3lm:32", "3lm:48", "zxell-s:16"]
+
+
+def device_for(cpu: bool) -> torch.device:
+    if not cpu and torch.cuda.is_available():
+        return torch.device("cuda")
+    if not cpu and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    if device.type == "mps":
+        return torch.mps.driver_allocated_memory() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # process peak RSS (Linux: KiB)
+
+
+def measure(preset: str, batch: int, vocab_size: int, context: int | None, steps: int, warmup: int,
+            device: torch.device, data=None, precision: str = "no") -> dict:
+    config = HitobanConfig.from_preset(preset, vocab_size=vocab_size)
+    context = context or config.max_position_embeddings
+    config.max_position_embeddings = max(config.max_position_embeddings, context)
+    torch.manual_seed(0)
+    model = HitobanForCausalLM(config).to(device).train()
+    optimizer = AdamW(model.parameters(), lr=3e-4)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    dtype = torch.bfloat16 if precision == "bf16" else None
+
+    def step(i: int) -> None:
+        rows = (data.batch(0, i, batch, context) if data is not None
+                else np.random.default_rng([0, i]).integers(0, vocab_size, (batch, context + 1)))
+        x = torch.from_numpy(rows).to(device)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            loss = model(x, labels=x).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for i in range(warmup):
+        step(i)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for i in range(warmup, warmup + steps):
+        step(i)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    params = sum(p.numel() for p in model.parameters())
+    non_embedding = params - model.model.embed_tokens.weight.numel()
+    return {"label": f"{preset} b{batch}", "preset": preset, "batch": batch, "context": context, "params": params,
+            "non_embedding": non_embedding, "tokens_per_step": batch * context,
+            "tok_per_sec": steps * batch * context / seconds, "peak_gb": peak_memory_gb(device)}
+
+
+def calibrate(candidates: list[str], hours: float = 8.0, data_dir: str | None = None, vocab_size: int = 32000,
+              context: int | None = None, steps: int = 10, warmup: int = 3, cpu: bool = False,
+              precision: str = "auto", log=print) -> dict:
+    from hitoban.training.data import ShardReader
+
+    device = device_for(cpu)
+    if precision == "auto":
+        precision = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "no"
+    data = ShardReader(data_dir) if data_dir else None
+    if data is not None:
+        vocab_size = data.vocab_size
+    usable = hours * 3600 * 0.9
+    results = []
+    for candidate in candidates:
+        preset, _, batch = candidate.partition(":")
+        row = measure(preset, int(batch or 32), vocab_size, context, steps, warmup, device, data, precision)
+        row["tokens_in_budget"] = int(row["tok_per_sec"] * usable)
+        row["d_over_n"] = row["tokens_in_budget"] / row["non_embedding"]
+        row["steps_in_budget"] = row["tokens_in_budget"] // row["tokens_per_step"]
+        results.append(row)
+        log(f"  {row['label']:<14} {row['params'] / 1e6:7.2f}M {row['non_embedding'] / 1e6:7.2f}M "
+            f"{row['tok_per_sec']:>10,.0f} tok/s {row['peak_gb']:6.2f} GB {row['tokens_in_budget']:>15,} tokens "
+            f"D/N {row['d_over_n']:7.1f} {row['steps_in_budget']:>9,} steps")
+    best = min(results, key=lambda r: abs(r["d_over_n"] - 20))
+    command = (f"hitoban pretrain --data {data_dir or 'SHARDS'} --out runs/night --preset {best['preset']} "
+               f"--batch-size {best['batch']} --context {best['context']} --tokens {best['tokens_in_budget']} "
+               f"--max-hours {hours + 0.5:g} --supervise")
+    return {"hours": hours, "usable_seconds": usable, "device": device.type, "precision": precision,
+            "vocab_size": vocab_size, "measured_steps": steps, "warmup_steps": warmup, "results": results,
+            "selected": best["label"], "command": command}

@@ -1,0 +1,170 @@
+"""Crash-safe A/B checkpoints (SPEC §5, 3LM §5).
+
+RUN/CURRENT names the last good slot (`ckpt-A` or `ckpt-B`). A save always writes the *other* slot: model, optimizer
+(step, m, v per parameter, in safetensors), config, tokenizer, train_state.json, then COMPLETE, each fsync'd, and
+only then swaps CURRENT (temp file + fsync + os.replace + directory fsync). A crash or a full disk at any point
+leaves CURRENT naming an intact slot. A slot without COMPLETE is never loaded: correctness is structural.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+SLOTS = ("ckpt-A", "ckpt-B")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+# Test hook for the kill test: pause inside a save (after the weights, before COMPLETE) so a SIGKILL lands mid-save.
+PAUSE_IN_SAVE_ENV = "HITOBAN_PAUSE_IN_SAVE"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written or does not fit this run; the message says what to do."""
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_text(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def current_slot(run: Path) -> Path | None:
+    """The slot to resume from: CURRENT's if complete, else the other complete one, else None."""
+    named = (run / "CURRENT").read_text().strip() if (run / "CURRENT").exists() else None
+    order = [named] if named in SLOTS else []
+    order += [s for s in SLOTS if s not in order]
+    for name in order:
+        slot = run / name
+        if (slot / "COMPLETE").exists() and (slot / "model.safetensors").exists():
+            return slot
+    return None
+
+
+def optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """Flatten optimizer state into `<param name>.m` / `.v` plus `step` and `lr` (3LM's optimizer.safetensors)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    tensors: dict[str, torch.Tensor] = {}
+    step = 0
+    for group in optimizer.param_groups:
+        tensors["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float64)
+        for p in group["params"]:
+            state = optimizer.state.get(p)
+            if not state:
+                continue
+            tensors[f"{names[id(p)]}.m"] = state["exp_avg"].detach().contiguous()
+            tensors[f"{names[id(p)]}.v"] = state["exp_avg_sq"].detach().contiguous()
+            step = int(state["step"])
+    tensors["step"] = torch.tensor(step, dtype=torch.int64)
+    return tensors
+
+
+def load_optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tensors: dict) -> int:
+    """Restore m, v and step bit for bit; returns the step. Missing entries are an error, not a silent reset."""
+    step = int(tensors["step"])
+    for name, p in model.named_parameters():
+        if f"{name}.m" not in tensors:
+            raise CheckpointError(f"optimizer state has no moments for {name}")
+        optimizer.state[p] = {"step": torch.tensor(float(step)), "exp_avg": tensors[f"{name}.m"].clone(),
+                              "exp_avg_sq": tensors[f"{name}.v"].clone()}
+    for group in optimizer.param_groups:
+        group["lr"] = float(tensors["lr"])
+    return step
+
+
+def save_checkpoint(run: Path, model, optimizer, train_state: dict, tokenizer_dir: Path | None) -> Path:
+    """Write the slot CURRENT does not name, then point CURRENT at it. Returns the slot path."""
+    run = Path(run)
+    named = current_slot(run)
+    target = run / (SLOTS[1] if named is not None and named.name == SLOTS[0] else SLOTS[0])
+    try:
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
+        model.save_pretrained(target, safe_serialization=True)
+        _fsync_file(target / "model.safetensors")
+        save_file(optimizer_tensors(model, optimizer), str(target / "optimizer.safetensors"))
+        _fsync_file(target / "optimizer.safetensors")
+        if tokenizer_dir is not None:
+            for name in TOKENIZER_FILES:
+                if (Path(tokenizer_dir) / name).exists():
+                    shutil.copy2(Path(tokenizer_dir) / name, target / name)
+        _write_text(target / "train_state.json", json.dumps(train_state, indent=2, ensure_ascii=False))
+        if os.environ.get(PAUSE_IN_SAVE_ENV):
+            _write_text(run / "SAVING", str(train_state["step"]))
+            time.sleep(float(os.environ[PAUSE_IN_SAVE_ENV]))
+        _write_text(target / "COMPLETE", f"{time.time():.0f}\nstep={train_state['step']}\n")
+        _fsync_dir(target)
+        _write_text(run / "CURRENT.tmp", target.name + "\n")
+        os.replace(run / "CURRENT.tmp", run / "CURRENT")
+        _fsync_dir(run)
+    except OSError as err:
+        shutil.rmtree(target, ignore_errors=True)  # never leave a half-written slot behind
+        kept = f"the last good checkpoint ({named.name}) is untouched" if named else "no earlier checkpoint existed"
+        raise CheckpointError(f"could not save a checkpoint in {run}: {err.strerror or err}; {kept}. "
+                              "Free disk space or fix permissions, then resume with --resume auto") from err
+    finally:
+        (run / "SAVING").unlink(missing_ok=True)
+    return target
+
+
+def load_checkpoint(slot: Path, model, optimizer) -> dict:
+    """Load weights (and optimizer state if present) into already-built objects; returns train_state."""
+    state_dict = load_file(str(slot / "model.safetensors"))
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise CheckpointError(f"{slot}: weights do not fit the model (missing {missing}, unexpected {unexpected})")
+    train_state = json.loads((slot / "train_state.json").read_text())
+    if (slot / "optimizer.safetensors").exists():
+        load_optimizer_tensors(model, optimizer, load_file(str(slot / "optimizer.safetensors")))
+        train_state["optimizer_restored"] = True
+    else:
+        train_state["optimizer_restored"] = False
+    return train_state
+
+
+def check_resumable(train_state: dict, fingerprint: dict) -> None:
+    """Refuse to resume a run whose model config, tokenizer or data changed (SPEC §5)."""
+    saved = train_state.get("fingerprint", {})
+    changed = [key for key in ("model_config", "tokenizer_sha256", "data_index_sha256", "seed", "batch_size",
+                               "context") if saved.get(key) != fingerprint.get(key)]
+    if changed:
+        raise CheckpointError(
+            f"changed settings/tokenizer: {', '.join(changed)} differ from the checkpoint's. Start a new checkpoint "
+            "(another --out, or --resume never to overwrite) or restore the original settings"
+        )
+
+
+def export_final(run: Path, slot: Path, metrics: dict) -> Path:
+    """Copy a slot's model + tokenizer (no optimizer) to RUN/final via a temp dir and rename."""
+    final, tmp = run / "final", run / "final.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for item in slot.iterdir():
+        if item.name not in ("optimizer.safetensors", "COMPLETE", "train_state.json"):
+            shutil.copy2(item, tmp / item.name)
+    _write_text(tmp / "metrics.json", json.dumps(metrics, indent=2))
+    old = run / "final.old"
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+    return final

@@ -1,0 +1,228 @@
+"""`hitoban killtest`: prove that a hard crash loses nothing (SPEC §5, 3LM §6), before trusting a night to it.
+
+Every run is a real `hitoban pretrain` subprocess on real shards:
+  [B] batch determinism: this process and a child build the batches for steps 1, 7, 4242, 100000; equal hashes
+  [A] restore: a fresh process loads a checkpoint and must reproduce weights, m, v, step and lr bit for bit
+  noise floor: two uninterrupted runs; max |weight difference| (0 on CPU, > 0 on GPUs)
+  [C] a run SIGKILLed twice (once *inside* a save, between the weights and COMPLETE), then resumed to the end
+  [D] loss-curve step between the killed and the uninterrupted run, skipping log windows cut by a resume
+  control: resume with the optimizer state deleted; the comparison must see the difference
+Pass (CPU): killed == uninterrupted bit for bit, noise 0, loss step 0, control detected. Pass (GPU, 3LM's bar):
+killed diff <= 3x noise, loss step <= 0.05, control >= 5x noise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from hitoban.training.checkpoint import PAUSE_IN_SAVE_ENV, current_slot
+
+
+def batch_hash(data: str | os.PathLike) -> str:
+    """Hash of the batches for steps 1, 7, 4242, 100000: computed here and in a child process, they must match."""
+    from hitoban.training.data import ShardReader
+
+    reader = ShardReader(data)
+    return hashlib.sha256(b"".join(reader.batch(4242, s, 4, 32).tobytes() for s in (1, 7, 4242, 100000))).hexdigest()
+
+
+VERIFY_RESTORE = """
+import json, sys, torch
+from hitoban.training.killtest import batch_hash
+from pathlib import Path
+from safetensors.torch import load_file
+from hitoban.modeling import HitobanConfig, HitobanForCausalLM
+from hitoban.training.checkpoint import load_checkpoint, optimizer_tensors
+from hitoban.training.optim import AdamW
+slot = Path(sys.argv[1])
+model = HitobanForCausalLM(HitobanConfig.from_pretrained(slot))
+optimizer = AdamW(model.parameters())
+state = load_checkpoint(slot, model, optimizer)
+weights, saved_opt = load_file(str(slot / "model.safetensors")), load_file(str(slot / "optimizer.safetensors"))
+restored = model.state_dict()
+bad = [k for k, v in weights.items() if not torch.equal(v, restored[k])]
+mine = optimizer_tensors(model, optimizer)
+bad += [k for k, v in saved_opt.items() if not torch.equal(v, mine[k])]
+print(json.dumps({"batch_hash": batch_hash(sys.argv[2]),
+                  "exact": not bad and int(saved_opt["step"]) == state["step"], "mismatches": bad[:10],
+                  "weights": len(weights), "moments": len(saved_opt) - 2, "step": int(saved_opt["step"]),
+                  "lr": float(saved_opt["lr"])}))
+"""
+
+
+def _final_tensors(run: Path) -> dict[str, torch.Tensor]:
+    slot = current_slot(run)
+    tensors = load_file(str(slot / "model.safetensors"))
+    tensors.update({f"opt.{k}": v for k, v in load_file(str(slot / "optimizer.safetensors")).items()})
+    return tensors
+
+
+def max_weight_diff(a: Path, b: Path) -> float:
+    ta, tb = _final_tensors(a), _final_tensors(b)
+    return max((ta[k].double() - tb[k].double()).abs().max().item() for k in ta if not k.startswith("opt."))
+
+
+def bit_identical(a: Path, b: Path) -> bool:
+    ta, tb = _final_tensors(a), _final_tensors(b)
+    return ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+def train_losses(run: Path) -> tuple[dict[int, float], list[int]]:
+    losses, resumes = {}, []
+    for line in (run / "log.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["type"] == "train":
+            losses[record["step"]] = record["loss"]
+        elif record["type"] == "resume":
+            resumes.append(record["step"])
+    return losses, resumes
+
+
+def loss_step(base: Path, other: Path, log_every: int) -> tuple[float, list[int], list[int]]:
+    """Max |train-loss difference| at shared logged steps, excluding windows a resume cut short (3LM's fix)."""
+    a, _ = train_losses(base)
+    b, resumed_at = train_losses(other)
+    excluded = sorted(s for s in b if any(s - log_every < m < s for m in resumed_at))
+    compared = sorted(s for s in set(a) & set(b) if s not in excluded)
+    gap = max((abs(a[s] - b[s]) for s in compared), default=0.0)
+    return gap, compared, excluded
+
+
+def run_killtest(data: str | os.PathLike, work: str | os.PathLike, steps: int = 60, preset: str = "tiny",
+                 context: int = 64, batch_size: int = 8, kills: int = 2, seed: int = 4242, log=print) -> dict:
+    work = Path(work)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    log_every = 5
+    base_args = [sys.executable, "-m", "hitoban.cli", "pretrain", "--data", str(data), "--preset", preset,
+                 "--context", str(context), "--steps", str(steps), "--batch-size", str(batch_size), "--seed", str(seed),
+                 "--log-every", str(log_every), "--eval-every", str(steps), "--eval-batches", "2",
+                 "--save-every-steps", "5", "--no-progress", "--cpu"]
+    # One thread per run: every run does the same arithmetic (bit-exact comparisons need equal thread counts) and
+    # independent runs can go in parallel on separate cores.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+
+    def pretrain(out: Path, extra_env: dict | None = None, **popen):
+        return subprocess.Popen(base_args + ["--out", str(out)], env={**env, **(extra_env or {})},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+
+    def run_to_end(*outs: Path) -> None:
+        procs = [(out, pretrain(out)) for out in outs]  # independent runs go in parallel
+        for out, proc in procs:
+            output, _ = proc.communicate()
+            if proc.returncode:
+                raise RuntimeError(f"pretrain in {out.name} failed:\n{output[-3000:]}")
+
+    started = time.time()
+    run_to_end(work / "base1", work / "base2")
+    noise = max_weight_diff(work / "base1", work / "base2")
+    log(f"noise floor (two uninterrupted runs): {noise:.3e}")
+
+    restore = json.loads(subprocess.run([sys.executable, "-c", VERIFY_RESTORE, str(current_slot(work / "base1")),
+                                         str(data)], capture_output=True, text=True, env=env, check=True).stdout)
+    batch_ok = restore.pop("batch_hash") == batch_hash(data)
+    log(f"[B] batch determinism across processes: {'ok' if batch_ok else 'FAILED'}")
+    log(f"[A] restore in a fresh process: {'bit-exact' if restore['exact'] else 'MISMATCH'} "
+        f"({restore['weights']} weights, {restore['moments']} moments, step {restore['step']}, lr {restore['lr']:.3e})")
+
+    killed = work / "killed"
+    kill_steps, control_source = [], None
+    for attempt in range(kills):
+        mid_save = attempt == 0
+        proc = pretrain(killed, {PAUSE_IN_SAVE_ENV: "1"} if mid_save else None)
+        deadline = time.time() + 300
+        while proc.poll() is None and time.time() < deadline:
+            if mid_save and (killed / "SAVING").exists():
+                try:  # kill inside a save that has a complete checkpoint before it (needed by the control)
+                    if int((killed / "SAVING").read_text()) > 5:
+                        break
+                except ValueError:
+                    pass
+            if not mid_save and (killed / "log.jsonl").exists():
+                steps_logged, _ = train_losses(killed)
+                if steps_logged and max(steps_logged) >= (kill_steps[-1] if kill_steps else 0) + 2 * log_every:
+                    break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+        slot = current_slot(killed)
+        survived = json.loads((slot / "train_state.json").read_text())["step"] if slot else 0
+        kill_steps.append(survived)
+        log(f"[C] SIGKILL {attempt + 1}{' during a save' if mid_save else ''}: last complete checkpoint at step "
+            f"{survived}" + (f"; half-written slot left: {sorted(p.name for p in killed.glob('ckpt-*'))}"
+                              if mid_save else ""))
+        if attempt == 0 and slot is not None:
+            control_source = work / "noopt"
+            shutil.copytree(killed, control_source)
+    if control_source is None:
+        raise RuntimeError("the first kill came before any checkpoint; use more --steps")
+    (current_slot(control_source) / "optimizer.safetensors").unlink()
+    run_to_end(killed, control_source)
+    identical = bit_identical(work / "base1", killed)
+    killed_diff = max_weight_diff(work / "base1", killed)
+    resumes = json.loads((current_slot(killed) / "train_state.json").read_text())["resumes"]
+    gap, compared, excluded = loss_step(work / "base1", killed, log_every)
+    log(f"[C] killed {kills}x, resumed {resumes}x: {'bit-identical' if identical else 'DIFFERENT'} to the "
+        f"uninterrupted run (max |diff| {killed_diff:.3e}); [D] loss step {gap:.2e} over {len(compared)} "
+        f"logged steps (excluded {excluded})")
+
+    control_diff = max_weight_diff(work / "base1", control_source)
+    control_gap, _, _ = loss_step(work / "base1", control_source, log_every)
+    log(f"control (optimizer state deleted): max |diff| {control_diff:.3e}, loss gap {control_gap:.3e}")
+
+    exact_mode = noise == 0.0
+    checks = {
+        "batch_deterministic": batch_ok,
+        "restore_exact": bool(restore["exact"]),
+        "killed_run_matches": identical if exact_mode else killed_diff <= 3.0 * noise,
+        "loss_step_ok": gap == 0.0 if exact_mode else gap <= 0.05,
+        "control_detected": control_diff > 0.0 if exact_mode else control_diff >= 5.0 * noise,
+        "resumed": resumes >= kills,
+    }
+    result = {"steps": steps, "preset": preset, "mode": "bit-exact (CPU)" if exact_mode else "noise-relative",
+              "batch_deterministic": batch_ok, "noise": noise, "restore": restore, "kills": kills,
+              "killed_at_steps": kill_steps, "resumes": resumes, "killed_diff": killed_diff,
+              "killed_bit_identical": identical, "loss_step": gap, "loss_compared_steps": compared,
+              "loss_excluded_steps": excluded, "control_diff": control_diff, "control_loss_gap": control_gap,
+              "checks": checks, "passed": all(checks.values()), "seconds": round(time.time() - started, 1)}
+    (work / "killtest.json").write_text(json.dumps(result, indent=2))
+    plot_killtest(result, work / "killtest.png")
+    return result
+
+
+def plot_killtest(result: dict, path: Path) -> None:
+    """Two panels: weight differences (noise / killed / control) and loss-curve steps; numbers from the result."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
+    labels = ["noise floor", "killed + resumed", "control (no optimizer)"]
+    diffs = [result["noise"], result["killed_diff"], result["control_diff"]]
+    floor = min([d for d in diffs if d > 0], default=1e-8) / 10
+    left.bar(labels, [max(d, floor) for d in diffs], color=["#888", "#2a7", "#c44"])
+    left.set_yscale("log")
+    left.set_title("max |weight difference| vs uninterrupted run")
+    for i, d in enumerate(diffs):
+        left.text(i, max(d, floor), "0 (bit-exact)" if d == 0 else f"{d:.2e}", ha="center", va="bottom", fontsize=8)
+    gaps = [result["loss_step"], result["control_loss_gap"]]
+    right.bar(["killed + resumed", "control"], gaps, color=["#2a7", "#c44"])
+    right.set_title("max train-loss step")
+    for i, g in enumerate(gaps):
+        right.text(i, g, f"{g:.2e}", ha="center", va="bottom", fontsize=8)
+    fig.suptitle(f"kill test: {'PASSED' if result['passed'] else 'FAILED'} ({result['mode']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,381 @@
+"""`hitoban pretrain`: the overnight loop on `accelerate.Accelerator` (SPEC §5, 3LM §4).
+
+One command for CPU, one CUDA GPU, a Mac (MPS) or several GPUs (`accelerate launch`). The budget is tokens (or
+steps) and the LR schedule is built for exactly that budget. Batches are a pure function of (seed, step), so
+resuming needs only weights, optimizer state and the step; on CPU an interrupted-and-resumed run equals the
+uninterrupted one bit for bit. The run directory holds:
+  CURRENT, ckpt-A/, ckpt-B/    crash-safe checkpoints (training/checkpoint.py)
+  final/                       the best-validation model, a `from_pretrained` folder with tokenizer
+  log.jsonl                    append-only train/eval/resume records
+  heartbeat.json               atomic progress snapshot for `hitoban watch`
+  config.json                  model config + arguments + data fingerprint
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import signal
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from hitoban.modeling import HitobanConfig, HitobanForCausalLM
+from hitoban.training.checkpoint import (
+    CheckpointError,
+    check_resumable,
+    current_slot,
+    export_final,
+    load_checkpoint,
+    save_checkpoint,
+)
+from hitoban.training.data import ShardReader
+from hitoban.training.optim import AdamW, lr_at
+from hitoban.training.shards import load_index
+
+
+class TrainingDiverged(RuntimeError):
+    """Loss or gradient became NaN/inf; the last good checkpoint is untouched."""
+
+
+@dataclass
+class PretrainConfig:
+    data: str
+    out: str
+    preset: str = "3lm"
+    tokens: int | None = None
+    steps: int | None = None
+    batch_size: int = 32
+    context: int | None = None  # default: the preset's max_position_embeddings
+    grad_accum: int = 1
+    lr: float = 6e-4
+    min_lr_ratio: float = 0.1
+    warmup_frac: float = 0.02
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    adam_bias_correction: bool = True
+    dropout: float = 0.0
+    seed: int = 1234
+    resume: str = "auto"
+    save_every_steps: int | None = None
+    save_every_min: float = 10.0
+    eval_every: int = 500
+    eval_batches: int = 20
+    log_every: int = 50
+    max_hours: float | None = None
+    precision: str = "auto"  # auto | no | bf16 | fp16
+    cpu: bool = False
+    memory_cap_gb: float | None = None
+    skip_memory_check: bool = False
+    progress: bool = True
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False))
+    os.replace(tmp, path)
+
+
+def available_memory_bytes(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
+def estimate_memory_bytes(config: HitobanConfig, micro_batch: int, context: int) -> int:
+    """Weights + grads + Adam m, v (fp32) + activations (~34 values per hidden unit per layer) + fp32 logits x3."""
+    width = config.hidden_size
+    per_layer = 4 * width**2 + 3 * width * config.intermediate_size
+    params = config.vocab_size * width + config.num_hidden_layers * per_layer
+    activations = micro_batch * context * config.hidden_size * config.num_hidden_layers * 34 * 4
+    logits = micro_batch * context * config.vocab_size * 4 * 3
+    return params * 16 + activations + logits
+
+
+class _StopFlag:
+    """First SIGINT/SIGTERM: stop at the next step boundary (after saving). Second: exit now."""
+
+    def __init__(self):
+        self.reason: str | None = None
+
+    def install(self) -> None:
+        def handler(signum, frame):
+            if self.reason is not None:
+                os._exit(128 + signum)
+            self.reason = f"signal {signal.Signals(signum).name}"
+            print(f"\n{signal.Signals(signum).name}: saving at the next step boundary (again to quit now)", flush=True)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, handler)
+
+
+@torch.no_grad()
+def evaluate(model, val: ShardReader | None, batches: int, batch_size: int, context: int, autocast) -> dict:
+    """Fixed validation batches (seed 0, steps 0..n-1) plus per-domain loss from whole val documents."""
+    if val is None:
+        return {}
+    model.eval()
+    losses = []
+    for i in range(batches):
+        rows = torch.from_numpy(val.batch(0, i, batch_size, context))
+        with autocast():
+            losses.append(model(rows, labels=rows).loss.float().item())
+    per_domain = {}
+    for domain, stream in domain_streams(val, batches * batch_size * (context + 1)).items():
+        windows = len(stream) // (context + 1)
+        if windows == 0:
+            continue
+        rows = torch.from_numpy(stream[: windows * (context + 1)].reshape(windows, context + 1))
+        total = 0.0
+        for start in range(0, windows, batch_size):
+            with autocast():
+                chunk = rows[start : start + batch_size]
+                total += model(chunk, labels=chunk).loss.float().item() * len(chunk)
+        per_domain[domain] = total / windows
+    model.train()
+    return {"val_loss": float(np.mean(losses)), "val_domains": per_domain}
+
+
+def domain_streams(reader: ShardReader, max_tokens: int) -> dict[str, np.ndarray]:
+    """Concatenated val documents per domain, each capped at `max_tokens` (for per-domain loss and bits/char)."""
+    parts: dict[str, list[np.ndarray]] = {}
+    sizes: dict[str, int] = {}
+    for ids, domain in reader.documents():
+        if sizes.get(domain, 0) < max_tokens:
+            parts.setdefault(domain, []).append(ids)
+            sizes[domain] = sizes.get(domain, 0) + len(ids)
+    return {d: np.concatenate(p)[:max_tokens] for d, p in parts.items()}
+
+
+def pretrain(cfg: PretrainConfig) -> dict:
+    """Run (or resume) pretraining; returns the summary. Raises TrainingDiverged / CheckpointError on failure."""
+    from accelerate import Accelerator
+
+    started = time.time()
+    run, data = Path(cfg.out), Path(cfg.data)
+    index = load_index(data)
+    precision = cfg.precision
+    if precision == "auto":
+        precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not cfg.cpu else "no"
+    accelerator = Accelerator(cpu=cfg.cpu, mixed_precision=precision)
+    main = accelerator.is_main_process
+    rank, world = accelerator.process_index, accelerator.num_processes
+    device = accelerator.device
+
+    train = ShardReader(data, "train")
+    val = ShardReader(data, "val", verify=False) if index["splits"]["val"]["tokens"] else None
+    config = HitobanConfig.from_preset(cfg.preset, vocab_size=index["tokenizer"]["vocab_size"], dropout=cfg.dropout)
+    context = cfg.context or config.max_position_embeddings
+    config.max_position_embeddings = max(config.max_position_embeddings, context)
+    if cfg.batch_size % (world * cfg.grad_accum):
+        raise ValueError(f"--batch-size {cfg.batch_size} must be divisible by processes x grad accumulation "
+                         f"({world} x {cfg.grad_accum})")
+    micro = cfg.batch_size // (world * cfg.grad_accum)
+    tokens_per_step = cfg.batch_size * context
+    if (cfg.tokens is None) == (cfg.steps is None):
+        raise ValueError("give exactly one of --tokens or --steps")
+    total_steps = cfg.steps if cfg.steps else max(1, cfg.tokens // tokens_per_step)
+
+    if device.type in ("cuda", "mps") and cfg.memory_cap_gb:
+        total = (torch.cuda.get_device_properties(device).total_memory if device.type == "cuda"
+                 else torch.mps.recommended_max_memory())
+        fraction = min(1.0, cfg.memory_cap_gb * 2**30 / total)
+        (torch.cuda if device.type == "cuda" else torch.mps).set_per_process_memory_fraction(fraction)
+    need, have = estimate_memory_bytes(config, micro, context), available_memory_bytes(device)
+    if have is not None and need > 0.9 * have and not cfg.skip_memory_check:
+        raise MemoryError(f"this run needs about {need / 2**30:.1f} GiB but {have / 2**30:.1f} GiB are free on "
+                          f"{device}; lower --batch-size (or use --grad-accum), close other programs, or pass "
+                          "--skip-memory-check")
+
+    fingerprint = {"model_config": config.to_diff_dict(), "tokenizer_sha256": index["tokenizer"]["sha256"],
+                   "data_index_sha256": sha256_of(data / "shards_index.json"), "seed": cfg.seed,
+                   "batch_size": cfg.batch_size, "context": context}
+    fingerprint["model_config"].pop("transformers_version", None)
+    torch.manual_seed(cfg.seed)
+    model = HitobanForCausalLM(config)
+    optimizer = AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                      bias_correction=cfg.adam_bias_correction)
+
+    state = {"step": 0, "tokens_seen": 0, "best_val": None, "seed": cfg.seed, "elapsed_sec": 0.0, "resumes": 0,
+             "data_index_sha256": fingerprint["data_index_sha256"], "fingerprint": fingerprint,
+             "args": {k: v for k, v in asdict(cfg).items() if k not in ("data", "out")}}
+    slot = current_slot(run) if cfg.resume == "auto" and run.exists() else None
+    if slot is not None:
+        saved = json.loads((slot / "train_state.json").read_text())
+        check_resumable(saved, fingerprint)
+        saved = load_checkpoint(slot, model, optimizer)
+        if not saved.pop("optimizer_restored"):
+            print(f"warning: {slot.name} has no optimizer state; moments restart from zero", flush=True)
+        state.update({k: saved[k] for k in ("step", "tokens_seen", "best_val", "elapsed_sec", "resumes")})
+        state["resumes"] += 1
+    elif cfg.resume == "never" and run.exists() and main:
+        for name in ("CURRENT", "log.jsonl", "heartbeat.json"):
+            (run / name).unlink(missing_ok=True)
+    run.mkdir(parents=True, exist_ok=True)
+    accelerator.wait_for_everyone()
+    model, optimizer = accelerator.prepare(model, optimizer)
+    unwrapped = accelerator.unwrap_model(model)
+    log_file = run / "log.jsonl"
+
+    def log(record: dict) -> None:
+        if main:
+            with open(log_file, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    if main:
+        _write_json_atomic(run / "config.json", {"model": fingerprint["model_config"], "args": state["args"],
+                                                  "data_index_sha256": fingerprint["data_index_sha256"],
+                                                  "tokenizer_sha256": fingerprint["tokenizer_sha256"],
+                                                  "total_steps": total_steps, "tokens_per_step": tokens_per_step})
+    start_step = state["step"]
+    if slot is not None and main:
+        print(f"# resumed at step {start_step} (resume {state['resumes']}, from {slot.name})", flush=True)
+        log({"type": "resume", "step": start_step, "resumes": state["resumes"]})
+    if main:
+        non_embedding = sum(p.numel() for n, p in unwrapped.named_parameters() if "embed_tokens" not in n)
+        print(f"pretrain: {cfg.preset} {sum(p.numel() for p in unwrapped.parameters()) / 1e6:.2f}M params "
+              f"({non_embedding / 1e6:.2f}M non-embedding), {total_steps:,} steps x {tokens_per_step:,} tokens "
+              f"= {total_steps * tokens_per_step:,} tokens (D/N {total_steps * tokens_per_step / non_embedding:.1f}, "
+              f"{total_steps * tokens_per_step / train.total_tokens:.2f} epochs), {world} process(es) on "
+              f"{device.type}, precision {precision}", flush=True)
+
+    stop = _StopFlag()
+    stop.install()
+    tokenizer_dir = data / "tokenizer" if (data / "tokenizer").exists() else None
+    session_start, last_save, last_heartbeat = time.time(), time.time(), 0.0
+    window: list[float] = []
+    interval_start, interval_tokens = time.time(), 0
+    stop_reason, last_saved_step, tok_s = None, start_step if slot is not None else -1, 0.0
+    bar = tqdm(total=total_steps, initial=start_step, desc="pretrain", unit="step",
+               disable=not (main and cfg.progress) or None)
+
+    elapsed_before = state["elapsed_sec"]  # training time of earlier sessions (cumulative across resumes)
+
+    def elapsed() -> float:
+        return elapsed_before + time.time() - session_start
+
+    def heartbeat(finished: bool = False) -> None:
+        if not main:
+            return
+        remaining = (total_steps - state["step"]) * tokens_per_step
+        peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
+        _write_json_atomic(run / "heartbeat.json", {
+            "updated_at": time.time(), "step": state["step"], "total_steps": total_steps,
+            "tokens_seen": state["tokens_seen"], "token_budget": total_steps * tokens_per_step,
+            "train_loss": window[-1] if window else None, "best_val": state["best_val"],
+            "lr": optimizer.param_groups[0]["lr"], "tok_per_sec": tok_s, "elapsed_hours": round(elapsed() / 3600, 3),
+            "eta_hours": round(remaining / tok_s / 3600, 2) if tok_s else None, "peak_gb": peak,
+            "resumes": state["resumes"], "finished": finished, "stop_reason": stop_reason})
+
+    def save() -> Path | None:
+        nonlocal last_save, last_saved_step
+        accelerator.wait_for_everyone()
+        slot_path = None
+        if main:
+            slot_path = save_checkpoint(run, unwrapped, optimizer.optimizer if hasattr(optimizer, "optimizer")
+                                        else optimizer, {**state, "elapsed_sec": elapsed()}, tokenizer_dir)
+        accelerator.wait_for_everyone()
+        last_save, last_saved_step = time.time(), state["step"]
+        return slot_path
+
+    for step in range(start_step, total_steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, total_steps, cfg.lr, cfg.warmup_frac, cfg.min_lr_ratio)
+        model.train()
+        loss_sum = torch.zeros((), device=device)
+        rows = train.batch(cfg.seed, step + 1, cfg.batch_size, context, rank, world)  # this rank's rows
+        for m in range(cfg.grad_accum):
+            x = torch.from_numpy(rows[m * micro : (m + 1) * micro]).to(device)
+            sync = accelerator.no_sync(model) if m < cfg.grad_accum - 1 else nullcontext()
+            with sync, accelerator.autocast():
+                loss = model(input_ids=x, labels=x).loss / cfg.grad_accum
+                accelerator.backward(loss)
+            loss_sum += loss.detach()
+        grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
+        loss_value = accelerator.reduce(loss_sum, "mean").item()
+        if not (math.isfinite(loss_value) and math.isfinite(float(grad_norm))):
+            stop_reason = "nan"
+            heartbeat(finished=True)
+            kept = (f"the last good checkpoint (step {last_saved_step}) is untouched" if last_saved_step >= 0
+                    else "no checkpoint had been written yet")
+            raise TrainingDiverged(f"loss became {loss_value} at step {step + 1} (grad norm {float(grad_norm)}); "
+                                   f"stopped without saving: {kept}. Lower --lr or check the data")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        state["step"], state["tokens_seen"] = step + 1, (step + 1) * tokens_per_step
+        window.append(loss_value)
+        interval_tokens += tokens_per_step
+        bar.update(1)
+        done = state["step"]
+
+        if done % cfg.log_every == 0 or done == total_steps:
+            tok_s = interval_tokens / max(time.time() - interval_start, 1e-9)
+            log({"type": "train", "step": done, "loss": float(np.mean(window)), "lr": lr_at(
+                step, total_steps, cfg.lr, cfg.warmup_frac, cfg.min_lr_ratio), "grad_norm": float(grad_norm),
+                "tok_per_sec": round(tok_s, 1), "elapsed": round(elapsed(), 2), "window": len(window)})
+            bar.set_postfix(loss=f"{np.mean(window):.4f}", tok_s=f"{tok_s:,.0f}")
+            window, interval_start, interval_tokens = [], time.time(), 0
+        if done % cfg.eval_every == 0 or done == total_steps:
+            result = evaluate(unwrapped, val, cfg.eval_batches, min(cfg.batch_size, 16), context, accelerator.autocast)
+            if result:
+                log({"type": "eval", "step": done, **result})
+                if state["best_val"] is None or result["val_loss"] < state["best_val"]:
+                    state["best_val"] = result["val_loss"]
+                    slot_path = save()
+                    if main:
+                        export_final(run, slot_path, {"step": done, "val_loss": round(result["val_loss"], 4),
+                                                      "tokens_seen": state["tokens_seen"]})
+        if cfg.max_hours and elapsed() > cfg.max_hours * 3600:
+            stop_reason = "max_hours"
+        if stop.reason:
+            stop_reason = stop.reason
+        due = (cfg.save_every_steps and done % cfg.save_every_steps == 0) or (
+            time.time() - last_save > cfg.save_every_min * 60)
+        if (due or stop_reason or done == total_steps) and last_saved_step != done:
+            save()
+        if main and time.time() - last_heartbeat > 30:
+            heartbeat()
+            last_heartbeat = time.time()
+        if stop_reason:
+            break
+    bar.close()
+    stop_reason = stop_reason or "budget"
+    if last_saved_step != state["step"]:
+        save()
+    if main and val is not None and not (run / "final").exists():
+        export_final(run, current_slot(run), {"step": state["step"], "val_loss": state["best_val"],
+                                              "tokens_seen": state["tokens_seen"]})
+    heartbeat(finished=True)
+    summary = {"steps": state["step"], "total_steps": total_steps, "tokens_seen": state["tokens_seen"],
+               "best_val": state["best_val"], "resumes": state["resumes"], "stop_reason": stop_reason,
+               "elapsed_hours": round(elapsed() / 3600, 4), "session_seconds": round(time.time() - started, 1)}
+    if main:
+        print(f"pretrain stopped ({stop_reason}) at step {state['step']:,}/{total_steps:,}, best val "
+              f"{state['best_val']}, resumes {state['resumes']}"
+              + ("" if state["step"] == total_steps else "; resume with the same command (--resume auto)"),
+              flush=True)
+    return summary
+
+
+__all__ = ["PretrainConfig", "pretrain", "TrainingDiverged", "CheckpointError", "evaluate", "domain_streams"]

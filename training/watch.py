@@ -1,0 +1,54 @@
+"""`hitoban watch RUN`: a progress view of a running (or finished) pretraining from its heartbeat.json."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from pathlib import Path
+
+STALE_SECONDS = 180
+
+
+def render(run: str | Path, now: float | None = None) -> str:
+    """One screen of text: bar, step, tokens, loss, best val, tok/s, elapsed, ETA, resumes, status."""
+    path = Path(run) / "heartbeat.json"
+    if not path.exists():
+        return f"waiting for {path} (the run writes it after its first log interval)"
+    try:
+        hb = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return f"{path} is being written; try again"
+    now = now or time.time()
+    done = hb["step"] / max(hb["total_steps"], 1)
+    bar = "█" * round(done * 32) + "░" * (32 - round(done * 32))
+    best = f"{hb['best_val']:.4f}" if hb.get("best_val") is not None else "not measured yet"
+    loss = f"{hb['train_loss']:.4f}" if hb.get("train_loss") is not None else "-"
+    lines = [
+        f"[{bar}] {done:6.1%}  step {hb['step']:,}/{hb['total_steps']:,}",
+        f"tokens {hb['tokens_seen']:,} / {hb['token_budget']:,}",
+        f"train loss {loss}   best val {best}   lr {hb['lr']:.3e}",
+        f"{hb['tok_per_sec'] / 1000:.1f}k tok/s   elapsed {hb['elapsed_hours']:.2f} h   resumes {hb['resumes']}",
+    ]
+    if hb.get("eta_hours") is not None and not hb.get("finished"):
+        finish = datetime.fromtimestamp(now + hb["eta_hours"] * 3600).strftime("%H:%M")
+        lines.append(f"ETA {hb['eta_hours']:.2f} h (about {finish})")
+    if hb.get("peak_gb"):
+        lines.append(f"peak memory {hb['peak_gb']:.1f} GB")
+    age = now - hb["updated_at"]
+    if hb.get("finished"):
+        lines.append(f"finished: {hb.get('stop_reason')}")
+    elif age > STALE_SECONDS:
+        lines.append(f"no update for {age / 60:.0f} min — the run may have crashed (resume with --resume auto)")
+    else:
+        lines.append(f"updated {age:.0f} s ago")
+    return "\n".join(lines)
+
+
+def watch(run: str | Path, interval: float = 10.0, once: bool = False) -> None:
+    while True:
+        text = render(run)
+        print(text if once else "\033[2J\033[H" + text, flush=True)
+        if once or "finished:" in text:
+            return
+        time.sleep(interval)
