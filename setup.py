@@ -27,6 +27,8 @@ setup(
         "huggingface_hub>=1.0",
         "evaluate>=0.4.5",
         "gradio>=5.0",
+        "datasketch>=1.6",  # MinHash-LSH near-duplicate detection for the corpus filters
+        "pyarrow>=15",
         "numpy>=1.26",
         "tqdm>=4.66",
         "matplotlib>=3.8",

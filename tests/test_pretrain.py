@@ -97,6 +97,9 @@ def test_resume_refuses_changed_settings(tiny_shards, tmp_path):
     with pytest.raises(CheckpointError, match="model_config"):
         pretrain(config(tiny_shards, tmp_path / "run", steps=10, preset="small"))
     pretrain(config(tiny_shards, tmp_path / "run", steps=10, batch_size=4, resume="never"))  # explicit fresh start
+    state = json.loads((current_slot(tmp_path / "run") / "train_state.json").read_text())
+    assert state["fingerprint"]["batch_size"] == 4 and state["resumes"] == 0
+    assert sum((tmp_path / "run" / s / "COMPLETE").exists() for s in ("ckpt-A", "ckpt-B")) == 1  # old slots gone
 
 
 def test_nan_loss_stops_without_touching_the_last_good_checkpoint(tiny_shards, tmp_path):

@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import signal
 import time
 from contextlib import nullcontext
@@ -230,8 +231,11 @@ def pretrain(cfg: PretrainConfig) -> dict:
         state.update({k: saved[k] for k in ("step", "tokens_seen", "best_val", "elapsed_sec", "resumes")})
         state["resumes"] += 1
     elif cfg.resume == "never" and run.exists() and main:
+        # A fresh start must leave nothing a later --resume auto could mistake for this run's checkpoint.
         for name in ("CURRENT", "log.jsonl", "heartbeat.json"):
             (run / name).unlink(missing_ok=True)
+        for name in ("ckpt-A", "ckpt-B", "final"):
+            shutil.rmtree(run / name, ignore_errors=True)
     run.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
     model, optimizer = accelerator.prepare(model, optimizer)
