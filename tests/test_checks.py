@@ -59,3 +59,22 @@ def test_every_verb_explains_itself(verb, capsys):
 def test_console_script_is_installed():
     run = subprocess.run([sys.executable, "-m", "hitoban.cli", "--version"], capture_output=True, text=True)
     assert run.returncode == 0 and run.stdout.startswith("hitoban ")
+
+
+def test_non_editable_install_has_every_area_package_and_the_builtin_text(tmp_path):
+    """pip install . (not -e): package_dir must map modeling/ training/ ... to hitoban.*, with the data files."""
+    repo = __import__("pathlib").Path(__file__).resolve().parents[1]
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                            str(tmp_path / "wheel"), str(repo)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-2000:]
+    wheel = next((tmp_path / "wheel").glob("hitoban-*.whl"))
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+                              str(tmp_path / "site"), str(wheel)], capture_output=True, text=True)
+    assert install.returncode == 0, install.stderr[-2000:]
+    code = ("import hitoban, hitoban.modeling, hitoban.training.pretrain, hitoban.evaluation.kvcache, hitoban.release;"
+            "from hitoban.doctor import builtin_documents; assert len(builtin_documents()) > 10;"
+            "print(hitoban.__file__)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env={**__import__("os").environ, "PYTHONPATH": str(tmp_path / "site")})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().startswith(str(tmp_path / "site"))
