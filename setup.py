@@ -29,6 +29,9 @@ setup(
         "gradio>=5.0",
         "datasketch>=1.6",  # MinHash-LSH near-duplicate detection for the corpus filters
         "pyarrow>=15",
+        # exact multi-pattern scans for `hitoban leaks`: hyperscan where wheels exist (x86), ahocorasick-rs always
+        "hyperscan>=0.7; platform_machine == 'x86_64' or platform_machine == 'AMD64'",
+        "ahocorasick-rs>=0.22",
         "numpy>=1.26",
         "tqdm>=4.66",
         "matplotlib>=3.8",

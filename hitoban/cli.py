@@ -332,6 +332,59 @@ def _calibrate(args) -> int:
     return 0
 
 
+def _eval_args(p):
+    p.add_argument("kind", choices=["bpc"], help="bpc: bits per character (3LM's definition)")
+    p.add_argument("models", nargs="+", metavar="MODEL", help="from_pretrained folders (with tokenizer)")
+    p.add_argument("--domain", action="append", default=[], metavar="NAME=PATH", help="a text file per domain")
+    p.add_argument("--shards", help="also report per-domain bits/char on this shard set's val split")
+    p.add_argument("--max-chars", type=int, default=400_000, help="use the first N chars of each domain (0 = all)")
+    p.add_argument("--out", default="bpc.json", help="JSON result; .md table and .png chart are written beside it")
+
+
+@verb("eval", "evaluate models: cross-domain bits/char table (JSON + Markdown + PNG)")(_eval_args)
+def _eval(args) -> int:
+    from hitoban.evaluation.bpc import cross_domain, load_model_and_tokenizer, shard_domain_bpc, write_outputs
+
+    domains = _parse_pairs(args.domain, str)
+    if not domains and not args.shards:
+        raise ValueError("give at least one --domain NAME=PATH (or --shards SHARDS)")
+    result = cross_domain(args.models, domains, args.max_chars or None) if domains else {"records": []}
+    if args.shards:
+        for model_path in args.models:
+            model, tok = load_model_and_tokenizer(model_path)
+            for row in shard_domain_bpc(model, tok, args.shards):
+                if "bits_per_char" in row:
+                    result["records"].append({"model": Path(model_path).name, **row,
+                                              "domain": f"val:{row['domain']}"})
+    paths = write_outputs(result, args.out)
+    print(Path(paths[1]).read_text(encoding="utf-8"))
+    print("written: " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def _leaks_args(p):
+    p.add_argument("--holdout", required=True, help="held-out text (one item per line; chat markers are removed)")
+    p.add_argument("--corpus", nargs="+", required=True, help="text files or `hitoban corpus` folders")
+    p.add_argument("--out", help="JSON report")
+    p.add_argument("--engine", choices=["hyperscan", "ahocorasick-rs"], help="default: hyperscan when installed")
+
+
+@verb("leaks", "exact scan of corpora for held-out text (exit 1 when anything leaks)")(_leaks_args)
+def _leaks(args) -> int:
+    from hitoban.evaluation.leaks import scan_for_leaks
+
+    def show(row):
+        lines = row["affected_holdout_lines"]
+        print(f"{row['corpus']}: {row['bytes']:,} bytes, {row['hit_probes']} probe hits on {len(lines)} holdout "
+              f"lines {lines[:20]}{' ...' if len(lines) > 20 else ''} ({row['engine']}, {row['mib_per_s']} MiB/s)")
+
+    report = scan_for_leaks(args.holdout, args.corpus, engine=args.engine, progress=show)
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
+    print(f"{report['probes']} probes from {report['holdout']}: {'LEAKED' if report['leaked'] else 'no leak'}")
+    return 1 if report["leaked"] else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from hitoban import __version__
 

@@ -1,0 +1,176 @@
+"""`hitoban leaks`: exact scan of corpora for held-out text (SPEC §7, 3LM §8).
+
+Probes: for each holdout line (chat markers removed, whitespace collapsed) of >= 48 chars, 3 probes of 48 chars at
+the start, middle and end, each extended until it is >= 96 UTF-8 bytes (3LM's construction). The corpus is read
+in chunks that overlap by (longest probe - 1) bytes, so a match straddling a chunk border is seen whole; every
+candidate is confirmed byte for byte and counted once per absolute offset: no false negatives, no false positives.
+Before every scan a self-test plants a needle across chunk borders and requires exactly the planted count.
+
+Engine: Hyperscan (Intel's multi-literal matcher, PyPI `hyperscan`) when it imports, else `ahocorasick-rs` on
+bytes; the report names the engine that ran. A `hitoban corpus` folder is scanned through its documents.jsonl, with
+JSON-escaped probe variants so a quote or backslash in the text cannot hide a leak.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+MARKERS = re.compile(r"<\|(?:user|assistant|end|endoftext|unk)\|>")
+CHUNK = 16 * 2**20
+
+
+class LeakScanError(ValueError):
+    """Bad input for the scan (missing or empty holdout/corpus) or a failed self-test."""
+
+
+def make_probes(lines: Iterable[str], length: int = 48, per_line: int = 3, min_bytes: int = 96) -> dict[str, int]:
+    """probe text -> first holdout line number (1-based)."""
+    probes: dict[str, int] = {}
+    for number, raw in enumerate(lines, 1):
+        line = " ".join(MARKERS.sub(" ", raw).split())
+        if len(line) < length:
+            continue
+        for i in range(per_line):
+            start = round((len(line) - length) * i / max(per_line - 1, 1))
+            end = start + length
+            while len(line[start:end].encode("utf-8")) < min_bytes and end < len(line):
+                end += 1
+            probe = line[start:end]
+            if len(probe.encode("utf-8")) >= min_bytes:
+                probes.setdefault(probe, number)
+    return probes
+
+
+class _Matcher:
+    """Multi-literal byte matcher reporting (pattern id, end offset) for every occurrence, overlaps included."""
+
+    def __init__(self, patterns: list[bytes], engine: str | None = None):
+        self.patterns = patterns
+        self.engine = engine or self._best_engine()
+        if self.engine == "hyperscan":
+            import hyperscan
+
+            self.db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+            self.db.compile(expressions=patterns, ids=list(range(len(patterns))),
+                            elements=len(patterns), flags=[0] * len(patterns), literal=True)
+        elif self.engine == "ahocorasick-rs":
+            import ahocorasick_rs
+
+            self.ac = ahocorasick_rs.BytesAhoCorasick(patterns)
+        else:
+            raise LeakScanError(f"unknown engine {self.engine!r}")
+
+    @staticmethod
+    def _best_engine() -> str:
+        try:
+            import hyperscan  # noqa: F401
+
+            return "hyperscan"
+        except ImportError:
+            return "ahocorasick-rs"
+
+    def find(self, data: bytes) -> list[tuple[int, int]]:
+        if self.engine == "hyperscan":
+            found: list[tuple[int, int]] = []
+
+            def on_match(pattern_id, start, end, flags, context):
+                found.append((pattern_id, end))
+
+            self.db.scan(data, match_event_handler=on_match)
+            return found
+        return [(pid, end) for pid, _, end in self.ac.find_matches_as_indexes(data, overlapping=True)]
+
+
+def scan_bytes_chunks(chunks: Iterable[bytes], matcher: _Matcher) -> Counter:
+    """Occurrences per pattern over a stream of chunks (overlap handled here; byte-exact confirmation)."""
+    longest = max(len(p) for p in matcher.patterns)
+    counts: Counter = Counter()
+    tail, tail_start, seen = b"", 0, set()
+    for chunk in chunks:
+        data = tail + chunk
+        for pid, end in matcher.find(data):
+            pattern = matcher.patterns[pid]
+            absolute = tail_start + end
+            if data[end - len(pattern) : end] == pattern and (pid, absolute) not in seen:
+                seen.add((pid, absolute))
+                counts[pid] += 1
+        keep = min(len(data), longest - 1)
+        tail_start += len(data) - keep
+        tail = data[len(data) - keep :]
+        seen = {(pid, end) for pid, end in seen if end > tail_start}  # only matches that could repeat in the tail
+    return counts
+
+
+def _file_chunks(path: Path, chunk: int) -> Iterable[bytes]:
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            yield block
+
+
+def self_test(matcher_factory, chunk: int = 8192) -> None:
+    """A needle planted across chunk borders and at both ends must be found exactly 4 times; an absent one 0."""
+    needle = "吾輩は猫である。名前はまだ無い。どこで生れたかとんと見当がつかぬ。".encode()
+    absent = "この文はどこにも埋め込まれていない検査用の文字列です。念のため長くしておく。".encode()
+    filler = ("ただの詰め物の文章です。" * 2000).encode()
+    data = needle + filler[: chunk - 10] + needle + filler + needle + filler[:777] + needle
+    matcher = matcher_factory([needle, absent])
+    counts = scan_bytes_chunks((data[i : i + chunk] for i in range(0, len(data), chunk)), matcher)
+    if counts[0] != 4 or counts[1] != 0:
+        raise LeakScanError(f"scanner self-test failed ({matcher.engine}): planted 4, found {counts[0]}; "
+                            f"absent found {counts[1]}")
+
+
+def scan_for_leaks(holdout: str | Path, corpora: list[str | Path], engine: str | None = None,
+                   chunk: int = CHUNK, length: int = 48, per_line: int = 3, progress=None) -> dict:
+    """Scan every corpus for holdout probes; returns the report (`leaked` true on any hit)."""
+    holdout = Path(holdout)
+    if not holdout.is_file():
+        raise LeakScanError(f"{holdout}: holdout file not found")
+    lines = holdout.read_text(encoding="utf-8").splitlines()
+    probes = make_probes(lines, length, per_line)
+    if not probes:
+        raise LeakScanError(f"{holdout.name}: no holdout line is {length}+ chars long; nothing to probe")
+    probe_list = list(probes)
+
+    def factory(patterns):
+        return _Matcher(patterns, engine)
+
+    self_test(factory)
+    plain = [p.encode("utf-8") for p in probe_list]
+    escaped = [json.dumps(p, ensure_ascii=False)[1:-1].encode("utf-8") for p in probe_list]
+    report = {"holdout": holdout.name, "holdout_lines": len(lines), "probe_chars": length, "probes": len(probes),
+              "corpora": []}
+    for corpus in map(Path, corpora):
+        path = corpus / "documents.jsonl" if corpus.is_dir() else corpus
+        if not path.is_file():
+            raise LeakScanError(f"{corpus}: no such corpus file (or folder without documents.jsonl)")
+        patterns, owner = list(plain), list(range(len(plain)))  # owner[pattern id] = probe index
+        if path.suffix == ".jsonl":  # JSON-escaped text: also look for the escaped form of each probe
+            for i, (e, p) in enumerate(zip(escaped, plain)):
+                if e != p:
+                    patterns.append(e)
+                    owner.append(i)
+        matcher = factory(patterns)
+        start = time.perf_counter()
+        counts = scan_bytes_chunks(_file_chunks(path, chunk), matcher)
+        seconds = time.perf_counter() - start
+        per_probe: Counter = Counter()
+        for pid, n in counts.items():
+            per_probe[owner[pid]] += n
+        size = path.stat().st_size
+        hits = {probe_list[i]: n for i, n in per_probe.items()}
+        report["corpora"].append({
+            "corpus": corpus.name, "bytes": size, "engine": matcher.engine, "seconds": round(seconds, 3),
+            "mib_per_s": round(size / 2**20 / max(seconds, 1e-9), 1), "hit_probes": len(hits),
+            "affected_holdout_lines": sorted({probes[p] for p in hits}),
+            "examples": [{"probe": p, "count": n} for p, n in sorted(hits.items(), key=lambda kv: -kv[1])[:5]],
+        })
+        if progress:
+            progress(report["corpora"][-1])
+    report["leaked"] = any(c["hit_probes"] for c in report["corpora"])
+    return report

@@ -1,0 +1,175 @@
+"""Evaluation: exact leak scanner (with its self-test and controls) and bits/char (SPEC §7)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hitoban.cli import main
+from hitoban.evaluation.bpc import BpcError, bits_per_char, cross_domain, load_model_and_tokenizer, write_outputs
+from hitoban.evaluation.leaks import LeakScanError, _Matcher, make_probes, scan_bytes_chunks, scan_for_leaks, self_test
+
+HOLDOUT_LINE = ("<|user|>日本で一番高い山の名前とその標高はどれくらいですか？また、その山が位置している地域について"
+                "教えてください。<|assistant|>日本で最も高い山は富士山で、標高は三千七百七十六メートルです。<|end|>")
+FILLER = ("春の川べりを歩くと、水の音がいつもより明るく聞こえる。"
+          "雪解けの水が山から下りてきて、石の間を急いで流れていく。")
+ENGINES = ["hyperscan", "ahocorasick-rs"]
+
+
+def test_probes_follow_the_3lm_construction():
+    probes = make_probes([HOLDOUT_LINE, "短い行"])
+    assert len(probes) == 3 and set(probes.values()) == {1}
+    unmarked = HOLDOUT_LINE.replace("<|user|>", " ").replace("<|assistant|>", " ").replace("<|end|>", " ")
+    clean = " ".join(unmarked.split())
+    for probe in probes:
+        assert probe in clean and "<|" not in probe and len(probe.encode()) >= 96 and len(probe) >= 48
+    assert clean.startswith(next(iter(probes)))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_self_test_passes_for_each_engine(engine):
+    self_test(lambda patterns: _Matcher(patterns, engine))
+
+
+def test_self_test_fails_for_a_scanner_that_misses_chunk_borders():
+    class WithinChunkOnly(_Matcher):
+        """Negative control: drops every match that needed the overlap carried from the previous chunk."""
+
+        def find(self, data):
+            return [(pid, end) for pid, end in super().find(data) if end - len(self.patterns[pid]) >= 95]
+
+    with pytest.raises(LeakScanError, match="self-test failed"):
+        self_test(lambda patterns: WithinChunkOnly(patterns, "ahocorasick-rs"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(offset=st.integers(min_value=0, max_value=6000), chunk=st.integers(min_value=200, max_value=3000),
+       engine=st.sampled_from(ENGINES))
+def test_a_planted_probe_is_found_exactly_once_at_any_byte_offset(offset, chunk, engine):
+    probe = next(iter(make_probes([HOLDOUT_LINE]))).encode()
+    near_miss = probe[:-3] + "。".encode()  # differs in the last character only
+    filler = (FILLER * 40).encode()
+    data = filler[:offset] + probe + filler[offset:]
+    matcher = _Matcher([probe, near_miss], engine)
+    counts = scan_bytes_chunks((data[i : i + chunk] for i in range(0, len(data), chunk)), matcher)
+    assert counts[0] == 1 and counts[1] == 0
+
+
+def test_scan_reports_affected_lines_and_the_cli_exits_1_on_a_leak(tmp_path, capsys):
+    holdout = tmp_path / "holdout.txt"
+    other = "<|user|>" + "全く別の質問で、ここには学習データに含まれない長い文章が続きます。" * 2 + "<|end|>"
+    holdout.write_text(other + "\n" + HOLDOUT_LINE + "\n", encoding="utf-8")
+    clean = tmp_path / "clean.txt"
+    clean.write_text(FILLER * 100, encoding="utf-8")
+    leaky = tmp_path / "leaky.txt"
+    middle = HOLDOUT_LINE.replace("<|user|>", "").split("<|assistant|>")[0]
+    leaky.write_text(FILLER * 50 + middle + FILLER * 50, encoding="utf-8")
+    report = scan_for_leaks(holdout, [clean, leaky])
+    assert report["leaked"] and report["corpora"][0]["hit_probes"] == 0
+    assert report["corpora"][1]["affected_holdout_lines"] == [2] and report["corpora"][1]["hit_probes"] >= 1
+    assert main(["leaks", "--holdout", str(holdout), "--corpus", str(clean), "--out", str(tmp_path / "r.json")]) == 0
+    assert main(["leaks", "--holdout", str(holdout), "--corpus", str(clean), str(leaky)]) == 1
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["leaked"] is False and str(tmp_path) not in (tmp_path / "r.json").read_text()
+    assert "LEAKED" in capsys.readouterr().out
+
+
+def test_a_corpus_folder_is_scanned_through_json_escaping(tmp_path):
+    """A quote inside the leaked text is escaped in documents.jsonl; the escaped probe variant still finds it."""
+    line = ("彼は「" + "これは引用を含む長い文で、" * 3 + '"quoted" と書いた。'
+            + "検査のためにさらに文章を足しておきます。" * 2)
+    holdout = tmp_path / "holdout.txt"
+    holdout.write_text(line + "\n", encoding="utf-8")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "documents.jsonl").write_text(json.dumps({"text": FILLER + line, "source": "x"}, ensure_ascii=False)
+                                            + "\n", encoding="utf-8")
+    (corpus / "manifest.json").write_text("{}")
+    assert '\\"quoted\\"' in (corpus / "documents.jsonl").read_text()
+    report = scan_for_leaks(holdout, [corpus])
+    assert report["leaked"] and report["corpora"][0]["hit_probes"] == 3
+
+
+def test_bad_leak_inputs_are_named(tmp_path):
+    with pytest.raises(LeakScanError, match="holdout file not found"):
+        scan_for_leaks(tmp_path / "nope.txt", [])
+    short = tmp_path / "short.txt"
+    short.write_text("短い\n", encoding="utf-8")
+    with pytest.raises(LeakScanError, match="nothing to probe"):
+        scan_for_leaks(short, [])
+    holdout = tmp_path / "h.txt"
+    holdout.write_text(HOLDOUT_LINE + "\n", encoding="utf-8")
+    with pytest.raises(LeakScanError, match="missing.txt: no such corpus"):
+        scan_for_leaks(holdout, [tmp_path / "missing.txt"])
+
+
+# ------------------------------------------------------------------------------------------------ bits per char
+
+def independent_bpc(model, tok, text: str) -> float:
+    """3LM's definition written out separately: whole-text ids, 257-token windows every 256, tail dropped."""
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    nats, windows = 0.0, 0
+    for start in range(0, len(ids) - 256, 256):
+        x = torch.tensor([ids[start : start + 257]])
+        with torch.no_grad():
+            logits = model(x[:, :-1]).logits
+        nats += F.cross_entropy(logits[0], x[0, 1:], reduction="sum").item()
+        windows += 1
+    chars = len(text)
+    for marker in ("<|user|>", "<|assistant|>", "<|end|>", "<|unk|>"):
+        chars -= text.count(marker) * len(marker)
+    return nats / math.log(2) / (chars * windows * 256 / (len(ids) - 1))
+
+
+def test_bits_per_char_equals_an_independent_computation(tiny_model_dir, corpus):
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    text = (corpus / "3lm-eval" / "holdout_clean.txt").read_text(encoding="utf-8")[:20_000]
+    result = bits_per_char(model, tok, text, "dialogue")
+    assert result["windows"] >= 8 and "warning" not in result
+    assert abs(result["bits_per_char"] - independent_bpc(model, tok, text)) < 1e-4
+    uniform = math.log2(len(tok)) * result["tokens"] / result["chars"]  # a random model is near uniform
+    assert 0.8 * uniform < result["bits_per_char"] < 1.3 * uniform
+
+
+def test_short_and_missing_domains_are_reported_not_averaged(tiny_model_dir, tmp_path):
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    with pytest.warns(UserWarning, match="too short for a stable estimate"):
+        short = bits_per_char(model, tok, FILLER * 12, "short")
+    assert short["windows"] < 8 and "warning" in short
+    with pytest.raises(BpcError, match="shorter than one window"):
+        bits_per_char(model, tok, FILLER, "tiny")
+    with pytest.raises(BpcError, match="empty"):
+        bits_per_char(model, tok, "  \n", "blank")
+    with pytest.raises(BpcError, match="not found"):
+        cross_domain([tiny_model_dir], {"web": tmp_path / "nope.txt"})
+    no_tok = tmp_path / "model-only"
+    model.save_pretrained(no_tok)
+    with pytest.raises(BpcError, match="no tokenizer.json"):
+        load_model_and_tokenizer(no_tok)
+
+
+def test_cross_domain_table_json_markdown_png(tiny_model_dir, corpus, tmp_path, tiny_shards):
+    literature = sorted((corpus / "literature").glob("0*.txt"))[-1]
+    assert main(["eval", "bpc", str(tiny_model_dir), "--domain", f"literature={literature}", "--domain",
+                 f"dialogue={corpus / '3lm-eval' / 'holdout_clean.txt'}", "--max-chars", "30000", "--out",
+                 str(tmp_path / "bpc.json")]) == 0
+    result = json.loads((tmp_path / "bpc.json").read_text())
+    assert {r["domain"] for r in result["records"]} == {"literature", "dialogue"}
+    table = (tmp_path / "bpc.md").read_text()
+    assert "| model | literature | dialogue |" in table
+    assert f"{result['records'][0]['bits_per_char']:.3f}" in table
+    assert (tmp_path / "bpc.png").stat().st_size > 5000
+    assert str(tmp_path) not in (tmp_path / "bpc.json").read_text()
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    from hitoban.evaluation.bpc import shard_domain_bpc
+
+    rows = shard_domain_bpc(model, tok, tiny_shards, max_tokens=5000)
+    assert rows and rows[0]["domain"] == "literature" and np.isfinite(rows[0]["bits_per_char"])
+    write_outputs({"records": [{"model": "m", **rows[0]}]}, tmp_path / "val.json")
