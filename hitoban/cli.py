@@ -333,18 +333,24 @@ def _calibrate(args) -> int:
 
 
 def _eval_args(p):
-    p.add_argument("kind", choices=["bpc"], help="bpc: bits per character (3LM's definition)")
+    p.add_argument("kind", choices=["bpc", "gen"],
+                   help="bpc: bits per character (3LM's definition); gen: 3LM generation metrics on fixed questions")
     p.add_argument("models", nargs="+", metavar="MODEL", help="from_pretrained folders (with tokenizer)")
     p.add_argument("--domain", action="append", default=[], metavar="NAME=PATH", help="a text file per domain")
     p.add_argument("--shards", help="also report per-domain bits/char on this shard set's val split")
     p.add_argument("--max-chars", type=int, default=400_000, help="use the first N chars of each domain (0 = all)")
-    p.add_argument("--out", default="bpc.json", help="JSON result; .md table and .png chart are written beside it")
+    p.add_argument("--questions", help="gen: questions JSONL (id, category, turns, keywords)")
+    p.add_argument("--compare", metavar="PREVIOUS.json", help="gen: print deltas against an earlier result")
+    p.add_argument("--out", help="JSON result (default bpc.json / gen.json); bpc also writes .md and .png beside it")
 
 
 @verb("eval", "evaluate models: cross-domain bits/char table (JSON + Markdown + PNG)")(_eval_args)
 def _eval(args) -> int:
     from hitoban.evaluation.bpc import cross_domain, load_model_and_tokenizer, shard_domain_bpc, write_outputs
 
+    if args.kind == "gen":
+        return _eval_gen(args)
+    args.out = args.out or "bpc.json"
     domains = _parse_pairs(args.domain, str)
     if not domains and not args.shards:
         raise ValueError("give at least one --domain NAME=PATH (or --shards SHARDS)")
@@ -359,6 +365,30 @@ def _eval(args) -> int:
     paths = write_outputs(result, args.out)
     print(Path(paths[1]).read_text(encoding="utf-8"))
     print("written: " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def _eval_gen(args) -> int:
+    from hitoban.evaluation.bpc import load_model_and_tokenizer
+    from hitoban.evaluation.generation import compare, generation_metrics, load_questions
+
+    if not args.questions:
+        raise ValueError("eval gen needs --questions FILE (e.g. ../shared/corpus/3lm-eval/questions.jsonl)")
+    items = load_questions(args.questions)
+    model, tok = load_model_and_tokenizer(args.models[0])
+
+    def show(item, text):
+        print(f"[{item['id']}] {item['turns'][-1]} -> {text[:60]!r}", flush=True)
+
+    result = {"model": Path(args.models[0]).name, "questions": Path(args.questions).name,
+              **generation_metrics(model, tok, items, progress=show)}
+    out = Path(args.out or "gen.json")
+    out.write_text(json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8")
+    print(f"repetition {result['repetition_rate']}  topic {result['topic_rate']}  broken {result['broken_rate']}  "
+          f"avg len {result['avg_reply_len']} -> {out}")
+    if args.compare:
+        for line in compare(result, json.loads(Path(args.compare).read_text(encoding="utf-8"))):
+            print(line)
     return 0
 
 
