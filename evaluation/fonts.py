@@ -12,6 +12,9 @@ def use_japanese_font() -> str | None:
     from matplotlib import font_manager
 
     installed = {f.name for f in font_manager.fontManager.ttflist}
+    if not installed.intersection(CANDIDATES):  # a font installed after matplotlib built its cache is invisible
+        font_manager.fontManager = font_manager._load_fontmanager(try_read_cache=False)
+        installed = {f.name for f in font_manager.fontManager.ttflist}
     for name in CANDIDATES:
         if name in installed:
             matplotlib.rcParams["font.family"] = "sans-serif"

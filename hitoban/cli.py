@@ -392,6 +392,38 @@ def _eval_gen(args) -> int:
     return 0
 
 
+def _compare_args(p):
+    p.add_argument("models", nargs="+", metavar="MODEL", help="from_pretrained folders (with tokenizer)")
+    p.add_argument("--out", default="compare", help="folder for compare.json and compare.png")
+    p.add_argument("--max-new-tokens", type=int, default=90)
+    p.add_argument("--seed", type=int, default=777)
+
+
+@verb("compare", "same prompts, same seeds through several models (chat + raw continuation): JSON + PNG")(
+    _compare_args)
+def _compare(args) -> int:
+    from hitoban.evaluation.compare import compare_models, write_comparison
+
+    result = compare_models(args.models, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    for record in result["records"]:
+        print(f"[{record['model']} · {record['mode']}] {record['prompt']} -> {record['reply'][:70]!r}")
+    print("written: " + ", ".join(str(p) for p in write_comparison(result, args.out)))
+    return 0
+
+
+def _plot_args(p):
+    p.add_argument("run", help="a pretraining run folder (log.jsonl; killtest.json if present)")
+    p.add_argument("--out", help="folder for the PNGs (default RUN/plots)")
+
+
+@verb("plot", "loss curves (train, val, per-domain val, resumes) and the kill-test figure as PNG")(_plot_args)
+def _plot(args) -> int:
+    from hitoban.evaluation.plots import plot_run
+
+    print("written: " + ", ".join(str(p) for p in plot_run(args.run, args.out)))
+    return 0
+
+
 def _leaks_args(p):
     p.add_argument("--holdout", required=True, help="held-out text (one item per line; chat markers are removed)")
     p.add_argument("--corpus", nargs="+", required=True, help="text files or `hitoban corpus` folders")

@@ -249,3 +249,33 @@ def test_eval_gen_cli_writes_replies_and_compares(tiny_model_dir, corpus, tmp_pa
     assert main(["eval", "gen", str(tiny_model_dir), "--questions", str(questions), "--out",
                  str(tmp_path / "gen2.json"), "--compare", str(tmp_path / "gen.json")]) == 0
     assert "unchanged" in capsys.readouterr().out  # same seeds, same model: nothing moved
+
+
+# ------------------------------------------------------------------------------------------------ compare and plots
+
+def test_compare_uses_the_same_seed_per_prompt_for_every_model(tiny_model_dir, tmp_path, capsys):
+    from hitoban.evaluation.compare import compare_models
+
+    result = compare_models([tiny_model_dir, tiny_model_dir], chat=["こんにちは"], raw=["梅雨が明けると"],
+                            max_new_tokens=12)
+    records = result["records"]
+    assert [(r["mode"], r["prompt"]) for r in records[:2]] == [("chat", "こんにちは"), ("raw", "梅雨が明けると")]
+    assert [r["reply"] for r in records[:2]] == [r["reply"] for r in records[2:]]  # same model, same seeds
+    assert main(["compare", str(tiny_model_dir), "--out", str(tmp_path / "cmp"), "--max-new-tokens", "10"]) == 0
+    saved = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert len(saved["records"]) == 7 and (tmp_path / "cmp" / "compare.png").stat().st_size > 5000
+
+
+def test_plot_run_draws_loss_curves_and_resumes(tmp_path):
+    from hitoban.evaluation.plots import plot_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    records = [{"type": "train", "step": s, "loss": 9 - s / 10} for s in range(5, 55, 5)]
+    records += [{"type": "resume", "step": 20, "resumes": 1},
+                {"type": "eval", "step": 50, "val_loss": 4.2, "val_domains": {"web": 4.0, "aozora": 4.5}}]
+    (run / "log.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    paths = plot_run(run)
+    assert [p.name for p in paths] == ["loss.png"] and paths[0].stat().st_size > 10_000
+    with pytest.raises(FileNotFoundError, match="no training log"):
+        plot_run(tmp_path)
