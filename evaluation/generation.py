@@ -110,19 +110,20 @@ def score_replies(items: list[dict], replies: list[str], truncated: list[bool]) 
 
 
 @torch.no_grad()
-def reply(model, tokenizer, history: list[dict], settings: dict) -> tuple[str, bool]:
-    """One sampled chat reply for `history` (ending with a user turn); returns (text, truncated)."""
+def reply(model, tokenizer, history: list[dict], settings: dict, streamer=None) -> tuple[str, bool]:
+    """One chat reply for `history` (ending with a user turn); returns (text, truncated). Temperature <= 0: greedy."""
     ids = tokenizer.apply_chat_template(history, add_generation_prompt=True, return_tensors="pt",
                                         return_dict=True)["input_ids"]
     room = model.config.max_position_embeddings - settings["max_new_tokens"]
     ids = ids[:, -max(room, 16):]
     stops = [tokenizer.convert_tokens_to_ids(t) for t in ("<|end|>", "<|user|>")]
-    processors = LogitsProcessorList([
-        GeneratedTokenPenalty(ids.shape[1], settings["repetition_penalty"], settings["penalty_window"]),
-        Temperature(settings["temperature"]), TopKKeepTies(settings["top_k"])])
-    out = model.generate(ids.to(model.device), attention_mask=torch.ones_like(ids).to(model.device), do_sample=True,
+    sample = settings["temperature"] > 0
+    processors = LogitsProcessorList(
+        [GeneratedTokenPenalty(ids.shape[1], settings["repetition_penalty"], settings["penalty_window"])]
+        + ([Temperature(settings["temperature"]), TopKKeepTies(settings["top_k"])] if sample else []))
+    out = model.generate(ids.to(model.device), attention_mask=torch.ones_like(ids).to(model.device), do_sample=sample,
                          temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=settings["max_new_tokens"],
-                         logits_processor=processors, eos_token_id=stops, pad_token_id=stops[0])
+                         logits_processor=processors, eos_token_id=stops, pad_token_id=stops[0], streamer=streamer)
     new = out[0, ids.shape[1]:].tolist()
     truncated = len(new) >= settings["max_new_tokens"] and not (new and new[-1] in stops)
     return tokenizer.decode(new, skip_special_tokens=True), truncated

@@ -424,6 +424,82 @@ def _plot(args) -> int:
     return 0
 
 
+def _check_mask_args(p):
+    p.add_argument("--tokenizer", required=True, help="a tokenizer (or model) folder with the chat template")
+    p.add_argument("--control", choices=["shift", "drop_end"],
+                   help="negative control: corrupt the mask on purpose; the check must then FAIL")
+
+
+@verb("check-mask", "print and verify the assistant-only loss mask on fixed conversations")(_check_mask_args)
+def _check_mask(args) -> int:
+    from transformers import AutoTokenizer
+
+    from hitoban.training.sft import check_mask
+
+    return 0 if check_mask(AutoTokenizer.from_pretrained(args.tokenizer), corruption=args.control) else 1
+
+
+def _finetune_args(defaults: dict):
+    def add(p):
+        p.add_argument("base", help="a from_pretrained hitoban folder (its tokenizer is reused)")
+        p.add_argument("--data", nargs="+", required=True, help="chat files: .jsonl (messages or user/assistant), "
+                                                                 ".tsv (user<TAB>assistant), .txt (3LM line format)")
+        p.add_argument("--out", required=True, help="new from_pretrained folder (+ summary.json, trainer/)")
+        p.add_argument("--lr", type=float, default=defaults["lr"])
+        p.add_argument("--epochs", type=float, default=defaults["epochs"])
+        p.add_argument("--max-steps", type=int, default=defaults["max_steps"], help="overrides --epochs when > 0")
+        p.add_argument("--batch-size", type=int, default=32)
+        p.add_argument("--grad-accum", type=int, default=1)
+        p.add_argument("--warmup-ratio", type=float, default=0.03)
+        p.add_argument("--val-frac", type=float, default=0.01)
+        p.add_argument("--eval-steps", type=int, default=defaults["eval_steps"])
+        p.add_argument("--exclude", nargs="*", default=[], metavar="HOLDOUT",
+                       help="drop pairs matching, or sharing a 40-char window with, these held-out chats")
+        p.add_argument("--min-char-freq", type=int, default=defaults["min_char_freq"])
+        p.add_argument("--max-user-chars", type=int, default=100)
+        p.add_argument("--max-assistant-chars", type=int, default=300)
+        p.add_argument("--skip-bad", action="store_true", help="skip malformed lines (counted) instead of stopping")
+        p.add_argument("--seed", type=int, default=1234)
+    return add
+
+
+def _run_finetune(args, stage: str) -> int:
+    from hitoban.training.chat_data import ChatFilterSettings
+    from hitoban.training.sft import finetune
+
+    filters = ChatFilterSettings(max_user_chars=args.max_user_chars, max_assistant_chars=args.max_assistant_chars,
+                                 min_char_freq=args.min_char_freq)
+    finetune(args.base, args.data, args.out, lr=args.lr, epochs=args.epochs, max_steps=args.max_steps,
+             batch_size=args.batch_size, grad_accum=args.grad_accum, warmup_ratio=args.warmup_ratio,
+             val_frac=args.val_frac, exclude=args.exclude, seed=args.seed, filters=filters, skip_bad=args.skip_bad,
+             eval_steps=args.eval_steps, stage=stage)
+    return 0
+
+
+@verb("sft", "chat fine-tune with the HF Trainer, loss on assistant turns only (3LM: lr 1.5e-4, 8 epochs)")(
+    _finetune_args({"lr": 1.5e-4, "epochs": 8.0, "max_steps": -1, "eval_steps": 200, "min_char_freq": 10}))
+def _sft(args) -> int:
+    return _run_finetune(args, "sft")
+
+
+@verb("tone", "character-tone fine-tune of a chat model (3LM: lr 1e-4, ~30 steps)")(
+    _finetune_args({"lr": 1e-4, "epochs": 8.0, "max_steps": 30, "eval_steps": 10, "min_char_freq": 1}))
+def _tone(args) -> int:
+    return _run_finetune(args, "tone")
+
+
+def _chat_args(p):
+    p.add_argument("model", help="a from_pretrained folder (e.g. RUN/final or an SFT output)")
+
+
+@verb("chat", "chat in the terminal: streaming, history, /reset /temp /topk /penalty /tokens /exit")(_chat_args)
+def _chat(args) -> int:
+    from hitoban.chat import run_chat
+
+    run_chat(args.model)
+    return 0
+
+
 def _leaks_args(p):
     p.add_argument("--holdout", required=True, help="held-out text (one item per line; chat markers are removed)")
     p.add_argument("--corpus", nargs="+", required=True, help="text files or `hitoban corpus` folders")
