@@ -121,9 +121,11 @@ def reply(model, tokenizer, history: list[dict], settings: dict, streamer=None) 
     processors = LogitsProcessorList(
         [GeneratedTokenPenalty(ids.shape[1], settings["repetition_penalty"], settings["penalty_window"])]
         + ([Temperature(settings["temperature"]), TopKKeepTies(settings["top_k"])] if sample else []))
+    # Our processors do temperature and top-k; transformers' own are neutralised (and not passed at all when greedy).
+    neutral = dict(temperature=1.0, top_k=0, top_p=1.0) if sample else {}
     out = model.generate(ids.to(model.device), attention_mask=torch.ones_like(ids).to(model.device), do_sample=sample,
-                         temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=settings["max_new_tokens"],
-                         logits_processor=processors, eos_token_id=stops, pad_token_id=stops[0], streamer=streamer)
+                         max_new_tokens=settings["max_new_tokens"], logits_processor=processors, eos_token_id=stops,
+                         pad_token_id=stops[0], streamer=streamer, **neutral)
     new = out[0, ids.shape[1]:].tolist()
     truncated = len(new) >= settings["max_new_tokens"] and not (new and new[-1] in stops)
     return tokenizer.decode(new, skip_special_tokens=True), truncated
