@@ -38,7 +38,7 @@ def plot_run(run: str | Path, out: str | Path | None = None) -> list[Path]:
         domains = sorted({d for r in log["eval"] for d in r.get("val_domains", {})})
         for domain in domains if len(domains) > 1 else []:
             points = [(r["step"], r["val_domains"][domain]) for r in log["eval"] if domain in r.get("val_domains", {})]
-            ax.plot(*zip(*points), "--", label=f"val: {domain}", linewidth=1)
+            ax.plot(*zip(*points), "x--", label=f"val: {domain}", linewidth=1)
     for r in log["resume"]:
         ax.axvline(r["step"], color="#999", linestyle=":", linewidth=1)
     if log["resume"]:
