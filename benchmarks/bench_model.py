@@ -1,7 +1,8 @@
 """HitobanForCausalLM vs HF LlamaForCausalLM of the same shape, side by side in one process (SPEC §10).
 
 Rows: training step (forward + backward + AdamW) tok/s in fp32 and bf16 autocast, greedy `generate()` tok/s at
-batch 1 and 8, activation memory saved for backward, and MFU against a matmul peak measured in the same run.
+batch 1 and 8, peak memory of a training step (RSS growth in a fresh process per model, median of 3), and MFU
+against a matmul peak measured in the same run.
 Runs alternate between the two models (A B A B ...) and the best of N is kept, so drift on a shared machine hits
 both alike. Absolute numbers swing between runs: read the ratios.
 
@@ -44,19 +45,36 @@ def train_flops_per_token(config: HitobanConfig, ctx: int) -> float:
     return 6 * (non_embedding + output) + 12 * config.num_hidden_layers * config.hidden_size * ctx
 
 
-def saved_activation_bytes(model, ids, autocast) -> int:
-    """Bytes of tensors autograd keeps for backward (unique storages): the activation memory of a training step."""
-    storages: dict[int, int] = {}
-
-    def pack(t):
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast():
+PEAK_MEMORY = """
+import resource, sys, torch
+from hitoban import HitobanConfig, HitobanForCausalLM
+from hitoban.modeling.export_llama import to_llama
+kind, preset = sys.argv[1], sys.argv[2]
+vocab, ctx, batch, bf16 = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] == "1"
+torch.manual_seed(0)
+model = HitobanForCausalLM(HitobanConfig.from_preset(preset, vocab_size=vocab, max_position_embeddings=max(ctx, 256)))
+model = (to_llama(model) if kind == "llama" else model).train()
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+ids = torch.randint(0, vocab, (batch, ctx))
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+for _ in range(3):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         loss = model(ids, labels=ids).loss
-    loss.backward()
-    model.zero_grad(set_to_none=True)
-    return sum(storages.values())
+    loss.backward(); optimizer.step(); optimizer.zero_grad(set_to_none=True)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
+"""
+
+
+def peak_memory_mib(kind: str, config: HitobanConfig, ctx: int, batch: int, bf16: bool) -> float:
+    """Peak RSS growth over three training steps (activations, gradients, optimizer state) in a fresh process:
+    allocator caches of the other model cannot hide or inflate anything."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", PEAK_MEMORY, kind, config.name_or_path or "small",
+                          str(config.vocab_size), str(ctx), str(batch), "1" if bf16 else "0"],
+                         capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
 
 
 def time_train_step(model, optimizer, ids, autocast) -> float:
@@ -116,6 +134,7 @@ def main() -> None:
     if args.vocab:
         overrides["vocab_size"] = args.vocab
     config = HitobanConfig.from_preset(args.preset, **overrides)
+    config.name_or_path = args.preset  # the peak-memory subprocess rebuilds the same shape from the preset
     ours = HitobanForCausalLM(config)
     llama = to_llama(ours)  # same weights, so both do the same work on the same numbers
     assert isinstance(llama, LlamaForCausalLM) and llama_config(config).hidden_size == config.hidden_size
@@ -143,11 +162,12 @@ def main() -> None:
             {n: (lambda n=n, o=optimizers, a=autocast: time_train_step(models[n], o[n], ids, a)) for n in models},
             args.repeats,
         )
-        memory = {n: saved_activation_bytes(m, ids, autocast) / 2**20 for n, m in models.items()}
+        memory = {n: statistics.median(peak_memory_mib(n, config, args.ctx, args.batch, precision == "bf16")
+                                       for _ in range(3)) for n in models}
         tok_s = {n: tokens / t for n, t in best.items()}
         rows.append({"row": f"train step {precision}", "unit": "tok/s", **tok_s, "ratio": ratio,
                      "mfu_hitoban": tok_s["hitoban"] * flops / peaks[precision]})
-        rows.append({"row": f"activation memory {precision}", "unit": "MiB", **memory,
+        rows.append({"row": f"peak memory {precision}", "unit": "MiB", **memory,
                      "ratio": memory["llama"] / memory["hitoban"]})
 
     for m in models.values():
