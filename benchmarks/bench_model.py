@@ -47,6 +47,13 @@ def train_flops_per_token(config: HitobanConfig, ctx: int) -> float:
 
 PEAK_MEMORY = """
 import resource, sys, torch
+
+def peak_kib():  # VmHWM belongs to this process's own address space; ru_maxrss survives exec from a big parent
+    try:
+        return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
 from hitoban import HitobanConfig, HitobanForCausalLM
 from hitoban.modeling.export_llama import to_llama
 kind, preset = sys.argv[1], sys.argv[2]
@@ -56,12 +63,12 @@ model = HitobanForCausalLM(HitobanConfig.from_preset(preset, vocab_size=vocab, m
 model = (to_llama(model) if kind == "llama" else model).train()
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 ids = torch.randint(0, vocab, (batch, ctx))
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+base = peak_kib()
 for _ in range(3):
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         loss = model(ids, labels=ids).loss
     loss.backward(); optimizer.step(); optimizer.zero_grad(set_to_none=True)
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
+print((peak_kib() - base) / 1024)
 """
 
 
