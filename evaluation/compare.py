@@ -12,10 +12,9 @@ import textwrap
 from pathlib import Path
 
 import torch
-from transformers import LogitsProcessorList
 
 from hitoban.evaluation.bpc import load_model_and_tokenizer
-from hitoban.evaluation.generation import SAMPLING, GeneratedTokenPenalty, Temperature, TopKKeepTies, reply
+from hitoban.evaluation.generation import SAMPLING, reply, sampling_processors
 
 CHAT_PROMPTS = ["おすすめの本を3つ挙げてください", "短く自己紹介してください", "日本の首都はどこですか", "疲れました"]
 RAW_PROMPTS = ["梅雨が明けると、庭の紫陽花は", "この製品の保証期間は購入日から", "駅前の再開発について、市は"]
@@ -24,13 +23,10 @@ RAW_PROMPTS = ["梅雨が明けると、庭の紫陽花は", "この製品の保
 @torch.no_grad()
 def continue_text(model, tokenizer, prompt: str, settings: dict) -> str:
     ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
-    processors = LogitsProcessorList([
-        GeneratedTokenPenalty(ids.shape[1], settings["repetition_penalty"], settings["penalty_window"]),
-        Temperature(settings["temperature"]), TopKKeepTies(settings["top_k"])])
+    processors, flags = sampling_processors(ids.shape[1], settings)
     length = settings["max_new_tokens"]  # raw mode has no stop: always the full length
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
-                         top_p=1.0, max_new_tokens=length, min_new_tokens=length, logits_processor=processors,
-                         pad_token_id=tokenizer.pad_token_id)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=length, min_new_tokens=length,
+                         logits_processor=processors, pad_token_id=tokenizer.pad_token_id, **flags)
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 

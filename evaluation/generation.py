@@ -109,6 +109,17 @@ def score_replies(items: list[dict], replies: list[str], truncated: list[bool]) 
             "avg_reply_len": round(sum(len(r["reply"]) for r in results) / n, 1), "results": results}
 
 
+def sampling_processors(prompt_length: int, settings: dict) -> tuple[LogitsProcessorList, dict]:
+    """3LM's chain (penalty on generated tokens, temperature, top-k with ties) + the generate() flags that go with it:
+    transformers' own temperature/top-k are neutralised when sampling and not passed at all when greedy."""
+    sample = settings["temperature"] > 0
+    processors = LogitsProcessorList(
+        [GeneratedTokenPenalty(prompt_length, settings["repetition_penalty"], settings["penalty_window"])]
+        + ([Temperature(settings["temperature"]), TopKKeepTies(settings["top_k"])] if sample else []))
+    flags = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0) if sample else dict(do_sample=False)
+    return processors, flags
+
+
 @torch.no_grad()
 def reply(model, tokenizer, history: list[dict], settings: dict, streamer=None) -> tuple[str, bool]:
     """One chat reply for `history` (ending with a user turn); returns (text, truncated). Temperature <= 0: greedy."""
@@ -117,15 +128,10 @@ def reply(model, tokenizer, history: list[dict], settings: dict, streamer=None) 
     room = model.config.max_position_embeddings - settings["max_new_tokens"]
     ids = ids[:, -max(room, 16):]
     stops = [tokenizer.convert_tokens_to_ids(t) for t in ("<|end|>", "<|user|>")]
-    sample = settings["temperature"] > 0
-    processors = LogitsProcessorList(
-        [GeneratedTokenPenalty(ids.shape[1], settings["repetition_penalty"], settings["penalty_window"])]
-        + ([Temperature(settings["temperature"]), TopKKeepTies(settings["top_k"])] if sample else []))
-    # Our processors do temperature and top-k; transformers' own are neutralised (and not passed at all when greedy).
-    neutral = dict(temperature=1.0, top_k=0, top_p=1.0) if sample else {}
-    out = model.generate(ids.to(model.device), attention_mask=torch.ones_like(ids).to(model.device), do_sample=sample,
+    processors, flags = sampling_processors(ids.shape[1], settings)
+    out = model.generate(ids.to(model.device), attention_mask=torch.ones_like(ids).to(model.device),
                          max_new_tokens=settings["max_new_tokens"], logits_processor=processors, eos_token_id=stops,
-                         pad_token_id=stops[0], streamer=streamer, **neutral)
+                         pad_token_id=stops[0], streamer=streamer, **flags)
     new = out[0, ids.shape[1]:].tolist()
     truncated = len(new) >= settings["max_new_tokens"] and not (new and new[-1] in stops)
     return tokenizer.decode(new, skip_special_tokens=True), truncated
