@@ -19,10 +19,9 @@ import time
 from contextlib import nullcontext
 
 import torch
-from transformers import LlamaForCausalLM
 
 from hitoban import HitobanConfig, HitobanForCausalLM
-from hitoban.modeling.export_llama import llama_config, to_llama
+from hitoban.modeling.export_llama import to_llama
 
 
 def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
@@ -144,7 +143,6 @@ def main() -> None:
     config.name_or_path = args.preset  # the peak-memory subprocess rebuilds the same shape from the preset
     ours = HitobanForCausalLM(config)
     llama = to_llama(ours)  # same weights, so both do the same work on the same numbers
-    assert isinstance(llama, LlamaForCausalLM) and llama_config(config).hidden_size == config.hidden_size
     models = {"hitoban": ours, "llama": llama}
     ids = torch.randint(0, config.vocab_size, (args.batch, args.ctx))
     tokens = ids.numel()

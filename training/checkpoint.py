@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from hitoban.training.tokenizer import TOKENIZER_FILES
+
 SLOTS = ("ckpt-A", "ckpt-B")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 # Test hook for the kill test: pause inside a save (after the weights, before COMPLETE) so a SIGKILL lands mid-save.
 PAUSE_IN_SAVE_ENV = "HITOBAN_PAUSE_IN_SAVE"
 

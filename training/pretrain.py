@@ -13,7 +13,6 @@ uninterrupted one bit for bit. The run directory holds:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -39,7 +38,7 @@ from hitoban.training.checkpoint import (
 )
 from hitoban.training.data import ShardReader
 from hitoban.training.optim import AdamW, lr_at
-from hitoban.training.shards import load_index
+from hitoban.training.shards import load_index, sha256_file
 
 
 class TrainingDiverged(RuntimeError):
@@ -76,10 +75,6 @@ class PretrainConfig:
     memory_cap_gb: float | None = None
     skip_memory_check: bool = False
     progress: bool = True
-
-
-def sha256_of(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
@@ -210,7 +205,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
                           "--skip-memory-check")
 
     fingerprint = {"model_config": config.to_diff_dict(), "tokenizer_sha256": index["tokenizer"]["sha256"],
-                   "data_index_sha256": sha256_of(data / "shards_index.json"), "seed": cfg.seed,
+                   "data_index_sha256": sha256_file(data / "shards_index.json"), "seed": cfg.seed,
                    "batch_size": cfg.batch_size, "context": context}
     fingerprint["model_config"].pop("transformers_version", None)
     torch.manual_seed(cfg.seed)

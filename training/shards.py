@@ -31,11 +31,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from hitoban.training.corpus import iter_corpus, load_manifest
-from hitoban.training.tokenizer import SPECIAL_TOKENS, load_tokenizer
+from hitoban.training.tokenizer import SPECIAL_TOKENS, TOKENIZER_FILES, load_tokenizer
 
 FORMAT = "hitoban-shards/1 (zxell layout)"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
-                   "tokenizer_meta.json", "sentencepiece.model")
+SHARD_TOKENIZER_FILES = (*TOKENIZER_FILES, "tokenizer_meta.json", "sentencepiece.model")
 
 
 class ShardError(ValueError):
@@ -211,7 +210,7 @@ def build_shards(
                 "give the corpus more text or pass a smaller --context"
             )
         shutil.copytree(tokenizer, tmp / "tokenizer", ignore=lambda d, names: [n for n in names
-                                                                                if n not in TOKENIZER_FILES])
+                                                                                if n not in SHARD_TOKENIZER_FILES])
         shards = train_writer.shards + writers["val"].shards + writers["test"].shards
         splits = {s: {"tokens": sum(x["tokens"] for x in shards if x["split"] == s),
                       "docs": sum(x["docs"] for x in shards if x["split"] == s),
