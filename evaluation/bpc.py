@@ -107,10 +107,9 @@ def cross_domain(models: list[str | Path], domains: dict[str, str | Path], max_c
 def shard_domain_bpc(model, tokenizer, shards: str | Path, max_tokens: int = 200_000) -> list[dict]:
     """Per-domain bits/char on a shard set's val split (domains from `.domains.u8`)."""
     from hitoban.training.data import ShardReader
-    from hitoban.training.pretrain import domain_streams
 
     rows = []
-    for domain, stream in domain_streams(ShardReader(shards, "val"), max_tokens).items():
+    for domain, stream in ShardReader(shards, "val").domain_streams(max_tokens).items():
         chars = len(tokenizer.decode(stream.tolist(), skip_special_tokens=True))
         nats, windows = nats_over_windows(model, stream)
         if windows == 0:

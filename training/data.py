@@ -56,6 +56,16 @@ class ShardReader:
         rows = range(rank * per_rank, (rank + 1) * per_rank)
         return np.stack([self.arrays[shard_ids[r]][offsets[r] : offsets[r] + ctx + 1] for r in rows]).astype(np.int64)
 
+    def domain_streams(self, max_tokens: int) -> dict[str, np.ndarray]:
+        """Concatenated documents per domain, each capped at `max_tokens` (per-domain loss and bits/char)."""
+        parts: dict[str, list[np.ndarray]] = {}
+        sizes: dict[str, int] = {}
+        for ids, domain in self.documents():
+            if sizes.get(domain, 0) < max_tokens:
+                parts.setdefault(domain, []).append(ids)
+                sizes[domain] = sizes.get(domain, 0) + len(ids)
+        return {d: np.concatenate(p)[:max_tokens] for d, p in parts.items()}
+
     def documents(self) -> Iterator[tuple[np.ndarray, str]]:
         """(token ids incl. the closing <|end|>, domain name) for every document, in file order (val/test)."""
         for shard, array in zip(self.shards, self.arrays):

@@ -127,22 +127,24 @@ class _StopFlag:
 
 
 @torch.no_grad()
-def evaluate(model, val: ShardReader | None, batches: int, batch_size: int, context: int, autocast) -> dict:
-    """Fixed validation batches (seed 0, steps 0..n-1) plus per-domain loss from whole val documents."""
+def evaluate(model, val: ShardReader | None, domains: dict[str, np.ndarray], batches: int, batch_size: int,
+             context: int, autocast) -> dict:
+    """Fixed validation batches (seed 0, steps 0..n-1) plus per-domain loss on `domains` (built once per run)."""
     if val is None:
         return {}
     model.eval()
+    device = next(model.parameters()).device
     losses = []
     for i in range(batches):
-        rows = torch.from_numpy(val.batch(0, i, batch_size, context))
+        rows = torch.from_numpy(val.batch(0, i, batch_size, context)).to(device)
         with autocast():
             losses.append(model(rows, labels=rows).loss.float().item())
     per_domain = {}
-    for domain, stream in domain_streams(val, batches * batch_size * (context + 1)).items():
+    for domain, stream in domains.items():
         windows = len(stream) // (context + 1)
         if windows == 0:
             continue
-        rows = torch.from_numpy(stream[: windows * (context + 1)].reshape(windows, context + 1))
+        rows = torch.from_numpy(stream[: windows * (context + 1)].reshape(windows, context + 1)).to(device)
         total = 0.0
         for start in range(0, windows, batch_size):
             with autocast():
@@ -151,17 +153,6 @@ def evaluate(model, val: ShardReader | None, batches: int, batch_size: int, cont
         per_domain[domain] = total / windows
     model.train()
     return {"val_loss": float(np.mean(losses)), "val_domains": per_domain}
-
-
-def domain_streams(reader: ShardReader, max_tokens: int) -> dict[str, np.ndarray]:
-    """Concatenated val documents per domain, each capped at `max_tokens` (for per-domain loss and bits/char)."""
-    parts: dict[str, list[np.ndarray]] = {}
-    sizes: dict[str, int] = {}
-    for ids, domain in reader.documents():
-        if sizes.get(domain, 0) < max_tokens:
-            parts.setdefault(domain, []).append(ids)
-            sizes[domain] = sizes.get(domain, 0) + len(ids)
-    return {d: np.concatenate(p)[:max_tokens] for d, p in parts.items()}
 
 
 def pretrain(cfg: PretrainConfig) -> dict:
@@ -259,6 +250,8 @@ def pretrain(cfg: PretrainConfig) -> dict:
               f"{total_steps * tokens_per_step / train.total_tokens:.2f} epochs), {world} process(es) on "
               f"{device.type}, precision {precision}", flush=True)
 
+    eval_batch = min(cfg.batch_size, 16)
+    val_domains = val.domain_streams(cfg.eval_batches * eval_batch * (context + 1)) if val is not None else {}
     stop = _StopFlag()
     stop.install()
     tokenizer_dir = data / "tokenizer" if (data / "tokenizer").exists() else None
@@ -336,7 +329,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
             bar.set_postfix(loss=f"{np.mean(window):.4f}", tok_s=f"{tok_s:,.0f}")
             window, interval_start, interval_tokens = [], time.time(), 0
         if done % cfg.eval_every == 0 or done == total_steps:
-            result = evaluate(unwrapped, val, cfg.eval_batches, min(cfg.batch_size, 16), context, accelerator.autocast)
+            result = evaluate(unwrapped, val, val_domains, cfg.eval_batches, eval_batch, context, accelerator.autocast)
             if result:
                 log({"type": "eval", "step": done, **result})
                 if state["best_val"] is None or result["val_loss"] < state["best_val"]:
@@ -377,4 +370,4 @@ def pretrain(cfg: PretrainConfig) -> dict:
     return summary
 
 
-__all__ = ["PretrainConfig", "pretrain", "TrainingDiverged", "CheckpointError", "evaluate", "domain_streams"]
+__all__ = ["PretrainConfig", "pretrain", "TrainingDiverged", "CheckpointError", "evaluate"]
