@@ -12,9 +12,10 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=["hitoban", "hitoban.data"] + [f"hitoban.{area}" for area in AREAS],
-    package_dir={"hitoban": "hitoban", **{f"hitoban.{area}": area for area in AREAS}},
-    package_data={"hitoban.data": ["*.txt", "*.jsonl", "*.md"]},
+    # spaces/ is the Gradio Space exactly as uploaded (no __init__.py); it ships as data for `hitoban space`
+    packages=["hitoban", "hitoban.data", "hitoban.spaces"] + [f"hitoban.{area}" for area in AREAS],
+    package_dir={"hitoban": "hitoban", "hitoban.spaces": "spaces", **{f"hitoban.{area}": area for area in AREAS}},
+    package_data={"hitoban.data": ["*.txt", "*.jsonl", "*.md"], "hitoban.spaces": ["*.py", "*.txt", "*.md"]},
     install_requires=[
         "torch>=2.4",
         # 5.24 renamed the cache kwarg (past_key_values -> cache); we follow that version's Llama and test it.
@@ -32,12 +33,15 @@ setup(
         # exact multi-pattern scans for `hitoban leaks`: hyperscan where wheels exist (x86), ahocorasick-rs always
         "hyperscan>=0.7; platform_machine == 'x86_64' or platform_machine == 'AMD64'",
         "ahocorasick-rs>=0.22",
+        "faker>=25",  # fake ja_JP contacts for the PII probe's canary control
         "numpy>=1.26",
         "tqdm>=4.66",
         "matplotlib>=3.8",
     ],
     extras_require={
-        "dev": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "ruff>=0.6"],
+        "dev": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "ruff>=0.6",
+                # the Hub test double, the Space client and browser tests
+                "fastapi>=0.110", "uvicorn>=0.29", "gradio_client>=1.0", "selenium>=4.20"],
     },
     entry_points={"console_scripts": ["hitoban=hitoban.cli:main"]},
 )

@@ -523,6 +523,145 @@ def _leaks(args) -> int:
     return 1 if report["leaked"] else 0
 
 
+def _pii_args(p):
+    p.add_argument("model", nargs="?", help="a from_pretrained folder to attack (omit with --canaries)")
+    p.add_argument("--corpus", nargs="+", required=True,
+                   help="the training corpus: text files or `hitoban corpus` folders (with --canaries: the small "
+                        "corpus to plant fake contacts into)")
+    p.add_argument("--samples", type=int, default=60, help="distinct contacts to try (3LM: 60)")
+    p.add_argument("--max-new-tokens", type=int, default=40)
+    p.add_argument("--canaries", type=int, metavar="N",
+                   help="sensitivity control: plant N fake contacts at --repetitions, train a tiny model on the "
+                        "planted copy and one on the clean copy, attack both")
+    p.add_argument("--repetitions", default="1,4,16,64", help="comma-separated repetition counts for --canaries")
+    p.add_argument("--steps", type=int, default=400, help="--canaries: training steps per tiny model")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="JSON report (masked values only); with --canaries a folder (default pii-canaries)")
+
+
+@verb("pii", "prefix-attack PII probe (exit 1 on an exact reproduction) and its canary control")(_pii_args)
+def _pii(args) -> int:
+    from hitoban.release import pii
+
+    if args.canaries:
+        texts = [doc for text in pii._texts(args.corpus) for doc in text.splitlines() if doc.strip()]
+        repetitions = tuple(int(x) for x in args.repetitions.split(","))
+        report = pii.canary_control(texts, args.out or "pii-canaries", args.canaries, repetitions, args.steps,
+                                    args.seed)
+        for name in ("planted_model", "clean_model"):
+            rows = ", ".join(f"{r['exact']}/{r['canaries']} exact at {r['repetitions']}x (value NLL "
+                             f"{r['mean_value_nll']})" for r in report[name]["by_repetitions"])
+            print(f"{name}: {rows}; fresh fakes NLL {report[name]['fresh_value_nll']}")
+        print(f"the probe is {'SENSITIVE' if report['sensitive'] else 'NOT shown sensitive'}: planted canaries "
+              f"extracted {report['planted_model']['exact_total']}, clean model {report['clean_model']['exact_total']}")
+        return 0 if report["sensitive"] else 1
+    if not args.model:
+        raise ValueError("give MODEL to attack (or --canaries N for the sensitivity control)")
+    report = pii.probe_model(args.model, args.corpus, args.samples, args.max_new_tokens)
+    for row in report["candidates"]:
+        if row["result"] != "none":
+            print(f"  {row['result']:<8}{row['kind']:<7}{row['masked']}")
+    out = Path(args.out or "pii.json")
+    out.write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
+    print(f"tried {report['tried']}, exact {report['exact']}, partial {report['partial']} -> {out}"
+          + ("  DO NOT PUBLISH: exact reproductions" if report["exact"] else ""))
+    return 1 if report["exact"] else 0
+
+
+def _secrets_args(p):
+    p.add_argument("dir", nargs="?", default=".", help="folder to scan (default: here)")
+    p.add_argument("--git", action="store_true", help="also scan every commit of the git history")
+
+
+@verb("secrets", "scan files (and --git history) for tokens, keys, passwords, home paths (exit 1 on findings)")(
+    _secrets_args)
+def _secrets(args) -> int:
+    from hitoban.release.secrets import scan
+
+    findings = scan(args.dir, git=args.git)
+    for finding in findings[:80]:
+        print(finding)
+    if len(findings) > 80:
+        print(f"... and {len(findings) - 80} more")
+    if findings:
+        print(f"{len(findings)} finding(s). Revoke any real key first (rewriting history does not un-leak it), "
+              "then remove it from the files and, with --git findings, from the history.")
+        return 1
+    print(f"no secrets found in {args.dir}{' (files and git history)' if args.git else ''}")
+    return 0
+
+
+def _card_args(p):
+    p.add_argument("model_dir", help="the from_pretrained folder to publish")
+    p.add_argument("--repo", required=True, help="OWNER/NAME on the Hub (used in the usage snippet)")
+    p.add_argument("--from", dest="search", nargs="*", default=[], metavar="DIR",
+                   help="folders to search for artefacts (run, corpus, eval, pii results); the model folder is "
+                        "always searched")
+    p.add_argument("--out", help="default MODEL_DIR/README.md")
+
+
+@verb("card", "write the model card (README.md) from the run's artefacts; missing ones say 'not measured'")(
+    _card_args)
+def _card(args) -> int:
+    from hitoban.release.card import write_card
+
+    result = write_card(args.model_dir, args.repo, args.search, args.out)
+    print(f"model card -> {result['card']}\n  measured: {', '.join(result['measured'])}\n  not measured: "
+          f"{', '.join(result['not_measured']) or 'nothing'}")
+    return 0
+
+
+def _upload_args(p):
+    p.add_argument("model_dir")
+    p.add_argument("--repo", required=True, help="OWNER/NAME")
+    p.add_argument("--dry-run", action="store_true", help="list what would be uploaded and skipped; send nothing")
+    visibility = p.add_mutually_exclusive_group()
+    visibility.add_argument("--private", dest="private", action="store_true", default=True,
+                            help="create the repo private (default)")
+    visibility.add_argument("--public", dest="private", action="store_false")
+    p.add_argument("--create-pr", action="store_true", help="open a pull request instead of pushing to main")
+    p.add_argument("--include", nargs="*", default=[], metavar="PATTERN", help="extra allow-list globs")
+    p.add_argument("--pii", help="PII probe JSON (default MODEL_DIR/pii.json)")
+    p.add_argument("--i-know", metavar="REASON", help="publish despite an exact PII reproduction; REASON is recorded")
+
+
+@verb("upload", "allow-listed upload to the Hub (refuses on secrets, no card, optimizer/logs, PII leaks)")(
+    _upload_args)
+def _upload(args) -> int:
+    from hitoban.release.upload import UploadRefused, upload_model
+
+    try:
+        result = upload_model(args.model_dir, args.repo, args.dry_run, args.private, args.create_pr, args.include,
+                              args.pii, args.i_know)
+    except UploadRefused as err:
+        print(f"hitoban upload: {err}", file=sys.stderr)
+        return 1
+    print_json(result)
+    return 0
+
+
+def _space_args(p):
+    p.add_argument("--repo", required=True, help="OWNER/NAME of the Space")
+    p.add_argument("--model", required=True, help="OWNER/NAME of the model the Space serves")
+    p.add_argument("--dry-run", action="store_true")
+    visibility = p.add_mutually_exclusive_group()
+    visibility.add_argument("--private", dest="private", action="store_true", default=True)
+    visibility.add_argument("--public", dest="private", action="store_false")
+
+
+@verb("space", "publish the Gradio chat Space (spaces/) for a model on the Hub")(_space_args)
+def _space(args) -> int:
+    from hitoban.release.upload import UploadRefused, publish_space
+
+    try:
+        result = publish_space(args.repo, args.model, args.dry_run, args.private)
+    except UploadRefused as err:
+        print(f"hitoban space: {err}", file=sys.stderr)
+        return 1
+    print_json(result)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from hitoban import __version__
 

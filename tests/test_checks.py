@@ -62,7 +62,8 @@ def test_console_script_is_installed():
 
 
 def test_non_editable_install_has_every_area_package_and_the_builtin_text(tmp_path):
-    """pip install . (not -e): package_dir must map modeling/ training/ ... to hitoban.*, with the data files."""
+    """pip install . (not -e): package_dir must map modeling/ training/ ... to hitoban.*, with the data files and
+    the Gradio Space."""
     repo = __import__("pathlib").Path(__file__).resolve().parents[1]
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                             str(tmp_path / "wheel"), str(repo)], capture_output=True, text=True)
@@ -73,6 +74,8 @@ def test_non_editable_install_has_every_area_package_and_the_builtin_text(tmp_pa
     assert install.returncode == 0, install.stderr[-2000:]
     code = ("import hitoban, hitoban.modeling, hitoban.training.pretrain, hitoban.evaluation.kvcache, hitoban.release;"
             "from hitoban.doctor import builtin_documents; assert len(builtin_documents()) > 10;"
+            "from hitoban.release.upload import space_source; s = space_source();"
+            "assert (s / 'requirements.txt').exists() and str(s).startswith(hitoban.__file__.rsplit('/', 2)[0]);"
             "print(hitoban.__file__)")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                          env={**__import__("os").environ, "PYTHONPATH": str(tmp_path / "site")})

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import shutil
 import signal
 import time
@@ -81,6 +82,17 @@ def _write_json_atomic(path: Path, data: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False))
     os.replace(tmp, path)
+
+
+def hardware_description(device: torch.device, processes: int, precision: str) -> str:
+    """What the run trained on, in words, for the model card (e.g. '1 x NVIDIA H200, bf16')."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    elif device.type == "mps":
+        name = f"Apple silicon GPU (MPS, {platform.machine()})"
+    else:
+        name = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    return f"{processes} x {name}, precision {precision}"
 
 
 def available_memory_bytes(device: torch.device) -> int | None:
@@ -237,7 +249,8 @@ def pretrain(cfg: PretrainConfig) -> dict:
         _write_json_atomic(run / "config.json", {"model": fingerprint["model_config"], "args": state["args"],
                                                   "data_index_sha256": fingerprint["data_index_sha256"],
                                                   "tokenizer_sha256": fingerprint["tokenizer_sha256"],
-                                                  "total_steps": total_steps, "tokens_per_step": tokens_per_step})
+                                                  "total_steps": total_steps, "tokens_per_step": tokens_per_step,
+                                                  "hardware": hardware_description(device, world, precision)})
     start_step = state["step"]
     if slot is not None and main:
         print(f"# resumed at step {start_step} (resume {state['resumes']}, from {slot.name})", flush=True)
