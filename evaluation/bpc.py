@@ -128,7 +128,7 @@ def markdown_table(result: dict) -> str:
     lines = ["| model | " + " | ".join(domains) + " |", "|---|" + "---:|" * len(domains)]
     for m in models:
         cells = [f"{value[(m, d)]['bits_per_char']:.3f}" + (" ⚠" if "warning" in value[(m, d)] else "")
-                 for d in domains]
+                 if (m, d) in value else "—" for d in domains]  # a model not evaluated on a domain: no number
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\nbits per character (lower is better); ⚠ = too few windows for a stable value\n"
 
@@ -149,7 +149,8 @@ def plot_cross_domain(result: dict, path: str | Path) -> None:
     fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(domains) * max(1, len(models) / 2), 3.6))
     for i, m in enumerate(models):
         xs = [j + i * width for j in range(len(domains))]
-        bars = ax.bar(xs, [value[(m, d)] for d in domains], width, label=m)
+        present = [(x, value[(m, d)]) for x, d in zip(xs, domains) if (m, d) in value]
+        bars = ax.bar([x for x, _ in present], [v for _, v in present], width, label=m)
         ax.bar_label(bars, fmt="%.3f", fontsize=7)
     ax.set_xticks([j + width * (len(models) - 1) / 2 for j in range(len(domains))], domains)
     ax.set_ylabel("bits per character (lower is better)")

@@ -254,7 +254,7 @@ def _pretrain(args) -> int:
     if args.supervise:
         from hitoban.training.supervise import supervise
 
-        argv = [a for a in sys.argv[1:] if a != "--supervise"]
+        argv = [a for a in args.argv if a != "--supervise"]
         return supervise(argv, Path(args.out), args.max_restarts)
     cfg = PretrainConfig(
         data=args.data, out=args.out, preset=args.preset, tokens=int(args.tokens) if args.tokens else None,
@@ -662,6 +662,25 @@ def _space(args) -> int:
     return 0
 
 
+def _demo_args(p):
+    p.add_argument("--out", default="hitoban-demo", help="new folder for everything the demo makes (+ report.md)")
+    p.add_argument("--source", nargs="+", default=["builtin"], metavar="builtin|aozora|fineweb2-ja|PATH",
+                   help="pretraining text: the built-in Japanese text (offline, default), a pinned slice of Aozora "
+                        "Bunko or FineWeb-2 (network), or your own files")
+    p.add_argument("--quick", action="store_true", help="fewer steps everywhere (CI); every stage still runs")
+    p.add_argument("--cpu", action="store_true", default=None, help="stay on the CPU even with a GPU/MPS")
+    p.add_argument("--seed", type=int, default=0)
+
+
+@verb("demo", "the whole night in minutes: corpus -> tokenizer -> pretrain (killed + resumed) -> SFT -> eval -> "
+              "leak/PII checks -> card -> upload dry run")(_demo_args)
+def _demo(args) -> int:
+    from hitoban.demo import run_demo
+
+    run_demo(args.out, args.source, args.quick, args.cpu, args.seed)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from hitoban import __version__
 
@@ -679,7 +698,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # the command as given (`pretrain --supervise` relaunches exactly it)
     try:
         return args.handler(args)
     except (ValueError, OSError, RuntimeError, MemoryError) as err:

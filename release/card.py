@@ -98,7 +98,8 @@ def build_card(model_dir: str | os.PathLike, repo: str, search: list[str | os.Pa
     for key, label in (("repetition_rate", "repetition rate"), ("topic_rate", "topic retention rate"),
                        ("broken_rate", "breakdown rate")):
         if key in gen:
-            eval_results.append(EvalResult(task_type="text-generation", dataset_type="hitoban-eval/3lm-questions",
+            eval_results.append(EvalResult(task_type="text-generation",
+                                           dataset_type=f"hitoban-eval/{Path(gen.get('questions', 'questions')).stem}",
                                            dataset_name=gen.get("questions", "questions"), metric_type=key,
                                            metric_value=gen[key], metric_name=label))
     data = ModelCardData(language=["ja"], license=license, library_name="transformers",
@@ -123,7 +124,8 @@ def build_card(model_dir: str | os.PathLike, repo: str, search: list[str | os.Pa
              f"{config['num_attention_heads']} ({config['num_key_value_heads']}) |",
              f"| context | {config['max_position_embeddings']} tokens |",
              f"| vocabulary | {config['vocab_size']:,} (SentencePiece unigram, byte fallback) |",
-             f"| chars per token | {_fmt(tok_meta.get('chars_per_token'), 2)} |",
+             f"| chars per token (held-out text) | "
+             f"{_fmt(tok_meta.get('heldout', {}).get('chars_per_token', tok_meta.get('chars_per_token')), 2)} |",
              f"| pretraining tokens | {_fmt(heartbeat.get('tokens_seen'), 0)} |",
              f"| pretraining steps | {_fmt(heartbeat.get('step'), 0)} (resumed {_fmt(heartbeat.get('resumes'), 0)} "
              "times) |",
@@ -218,13 +220,20 @@ def build_card(model_dir: str | os.PathLike, repo: str, search: list[str | os.Pa
         rejected = manifest.get("filters", {}).get("rejected", {})
         masks = manifest.get("pii_masks", {})
         lines += ["", f"Filters rejected: {', '.join(f'{k} {v:,}' for k, v in rejected.items()) or 'none'}. "
-                  f"PII masked at build time: {', '.join(f'{k} {v:,}' for k, v in masks.items() if k != 'enabled')}."]
+                  "PII masked at build time: "
+                  f"{', '.join(f'{k} {v:,}' for k, v in masks.items() if k != 'enabled') or 'none found'}."]
     else:
         lines.append(f"Corpus manifest: {NOT_MEASURED}.")
+    names = " ".join(str(s.get("repo") or s["name"]).lower() for s in sources)
     lines += ["", "## Limitations", "",
-              f"- A {total / 1e6:.0f}M-parameter model: fluent-looking text that is often wrong; do not rely on it "
-              "for facts or advice.",
-              "- Web text carries its biases; literary sources add archaic style."]
+              f"- A {total / 1e6:.1f}M-parameter model: fluent-looking text that is often wrong; do not rely on it "
+              "for facts or advice."]
+    if "fineweb" in names:
+        lines.append("- Web text carries the biases and errors of the web pages it came from.")
+    if "aozora" in names:
+        lines.append("- Aozora Bunko literature (public-domain works) adds an archaic style to some replies.")
+    if manifest.get("total_chars", 10**9) < 10**7:
+        lines.append(f"- Trained on only {manifest['total_chars']:,} characters: it knows little beyond that text.")
     pii, canary = art.get("pii"), art.get("canary")
     if pii:
         pii_line = (f"- Privacy: a prefix attack tried {pii['tried']} e-mail addresses / phone numbers from the "
@@ -245,7 +254,8 @@ def build_card(model_dir: str | os.PathLike, repo: str, search: list[str | os.Pa
                      f"{canary['clean_model']['exact_total']}.")
         numbers["canary"] = canary["planted_model"]["by_repetitions"]
     lines += ["", "## Licence", "",
-              f"Weights: {license}. Code: the hitoban licence. Training data keeps its own licences (table above); "
+              f"Weights: {license}. Code (`modeling_hitoban.py`, `configuration_hitoban.py`): Apache-2.0, from "
+              "hitoban. Training data keeps its own licences (table above); "
               "attribute them when you redistribute outputs derived from them.", ""]
     card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines))
     return card, numbers

@@ -109,7 +109,8 @@ def finetune(base: str | Path, data: list[str | Path], out: str | Path, *, lr: f
              max_steps: int = -1, batch_size: int = 32, grad_accum: int = 1, warmup_ratio: float = 0.03,
              val_frac: float = 0.01, exclude: list[str | Path] | None = None, seed: int = 1234,
              filters: ChatFilterSettings | None = None, skip_bad: bool = False, eval_steps: int = 200,
-             save_total_limit: int = 2, stage: str = "sft", resume: bool = True, log=print) -> dict:
+             save_total_limit: int = 2, stage: str = "sft", resume: bool = True, quiet: bool = False,
+             log=print) -> dict:
     """Trainer fine-tune of a `from_pretrained` hitoban folder on chat files; writes `out` + `out/summary.json`."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
@@ -153,6 +154,11 @@ def finetune(base: str | Path, data: list[str | Path], out: str | Path, *, lr: f
     collator([train[i] for i in range(min(batch_size, len(train)))])  # refuse a degenerate mask before training
     trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=val, data_collator=collator,
                       processing_class=tok)
+    if quiet:  # the demo prints one line per stage: drop the Trainer's progress bar and per-log dict printing
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+        trainer.remove_callback(ProgressCallback)
+        trainer.remove_callback(PrinterCallback)
     checkpoints = sorted((out / "trainer").glob("checkpoint-*")) if resume else []
     trainer.train(resume_from_checkpoint=str(checkpoints[-1]) if checkpoints else None)
     final_eval = trainer.evaluate()

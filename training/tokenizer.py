@@ -260,6 +260,7 @@ def train_tokenizer_from_corpus(
     seed: int = 1234,
     model_max_length: int = 512,
     heldout_every: int = 50,
+    hard_vocab_limit: bool = True,
 ) -> dict:
     """Train on a `hitoban corpus` folder: a strided sample within `max_chars` (huge corpora are never read whole),
     every `heldout_every`-th sampled document kept out and used to report chars/token."""
@@ -279,7 +280,8 @@ def train_tokenizer_from_corpus(
                 continue
             yield record["source"], record["text"]
 
-    meta = train_tokenizer_from_texts(sample(), out_dir, vocab_size, seed, max_chars, source_caps, model_max_length)
+    meta = train_tokenizer_from_texts(sample(), out_dir, vocab_size, seed, max_chars, source_caps, model_max_length,
+                                      hard_vocab_limit)
     tok = load_tokenizer(out_dir)
     meta["sample"]["stride"] = stride
     meta["heldout"] = {"documents": len(heldout), "chars": sum(map(len, heldout)),

@@ -1,0 +1,400 @@
+"""`hitoban demo`: the whole night in minutes, from corpus to a model that is ready to publish.
+
+Every stage is the real one (the same library functions the verbs call), just small: corpus -> tokenizer ->
+shards (+ verify) -> calibrate -> pretrain, SIGKILLed halfway and resumed, checked bit for bit against an
+uninterrupted run -> chat SFT -> bits/char and generation metrics -> leak scan -> PII probe with canaries ->
+model card -> upload dry run -> `from_pretrained` in a process that cannot import hitoban. Each stage prints one
+line and its time; `report.md` links every JSON and PNG.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from importlib.resources import files
+from pathlib import Path
+
+from hitoban.doctor import builtin_documents
+
+HELD_OUT_EVERY = 7  # every 7th builtin document / dialogue is kept out of training for evaluation
+REPO_ID = "your-name/hitoban-demo"
+
+
+@dataclass
+class DemoSettings:
+    vocab_size: int = 2000
+    context: int = 128
+    batch_size: int = 16
+    pretrain_steps: int = 300
+    pretrain_lr: float = 3e-3
+    sft_steps: int = 120
+    sft_lr: float = 1e-3
+    questions: int = 10
+    gen_max_new_tokens: int = 120
+    calibrate_steps: int = 3
+    canaries: int = 8
+    canary_steps: int = 200
+    aozora_chars: int = 300_000
+
+    @classmethod
+    def quick(cls) -> DemoSettings:
+        """For CI: fewer steps everywhere; the canary training keeps its length (it must still show extraction)."""
+        return cls(pretrain_steps=120, sft_steps=30, questions=4, gen_max_new_tokens=40, calibrate_steps=2)
+
+
+def builtin_chats() -> list[dict]:
+    text = files("hitoban.data").joinpath("builtin_chat.jsonl").read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def prepare_data(source: list[str], data: Path, settings: DemoSettings):
+    """Write the demo's inputs under DIR/data and return the corpus sources. Chats and questions are always the
+    built-in ones (SFT needs dialogues); the pretraining text is the built-in prose, Aozora, FineWeb-2 or files."""
+    from hitoban.training.corpus import hub_source, local_source
+
+    data.mkdir(parents=True, exist_ok=True)
+    chats = builtin_chats()
+    train_chats = [c for i, c in enumerate(chats) if i % HELD_OUT_EVERY != HELD_OUT_EVERY - 1]
+    held_chats = [c for i, c in enumerate(chats) if i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1]
+    (data / "chat_train.jsonl").write_text("".join(json.dumps(c, ensure_ascii=False) + "\n" for c in train_chats),
+                                           encoding="utf-8")
+    (data / "chat_heldout.txt").write_text(
+        "".join(f"<|user|>{c['user']}<|assistant|>{c['assistant']}\n" for c in held_chats), encoding="utf-8")
+    (data / "questions.jsonl").write_text(files("hitoban.data").joinpath("builtin_questions.jsonl")
+                                          .read_text(encoding="utf-8"), encoding="utf-8")
+    domains = {"dialogue": data / "chat_heldout.txt"}
+    if source == ["builtin"]:
+        docs = builtin_documents()
+        train = [d for i, d in enumerate(docs) if i % HELD_OUT_EVERY != HELD_OUT_EVERY - 1]
+        held = [d for i, d in enumerate(docs) if i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1]
+        (data / "prose_train.txt").write_text("\n\n".join(train) + "\n", encoding="utf-8")
+        (data / "prose_heldout.txt").write_text("\n".join(held) + "\n", encoding="utf-8")
+        # The training dialogues also go into pretraining as plain text (5 exchanges per document): with so little
+        # text, the tokenizer must see their characters and the model their style before SFT can use them.
+        blocks = ["\n".join(f"「{c['user']}」「{c['assistant']}」" for c in train_chats[i:i + 5])
+                  for i in range(0, len(train_chats), 5)]
+        (data / "dialogue_train.txt").write_text("\n\n".join(blocks) + "\n", encoding="utf-8")
+        domains["prose"] = data / "prose_heldout.txt"
+        licence = "Apache-2.0 (original text written for hitoban)"
+        sources = [local_source([str(data / "prose_train.txt")], name="builtin-prose", blank_line_docs=True,
+                                license=licence),
+                   local_source([str(data / "dialogue_train.txt")], name="builtin-dialogue", blank_line_docs=True,
+                                license=licence)]
+        return sources, domains, train, None
+    if source in (["aozora"], ["fineweb2-ja"]):
+        return [hub_source(source[0])], domains, None, settings.aozora_chars
+    return [local_source(source)], domains, None, None
+
+
+class Stages:
+    """Runs named stages, printing one line each with its time, and keeps the table for the summary."""
+
+    def __init__(self, log):
+        self.log, self.rows, self.number = log, [], 0
+
+    def run(self, name: str, fn):
+        self.number += 1
+        started = time.time()
+        self.log(f"[{self.number:>2}] {name} ...")
+        summary, value = fn()
+        seconds = time.time() - started
+        self.rows.append({"stage": name, "result": summary, "seconds": round(seconds, 1)})
+        self.log(f"[{self.number:>2}] {name:<12} {summary}  ({seconds:.1f} s)")
+        return value
+
+
+def _pretrain_command(shards: Path, out: Path, settings: DemoSettings, cpu: bool, seed: int) -> list[str]:
+    return [sys.executable, "-m", "hitoban.cli", "pretrain", "--data", str(shards), "--out", str(out),
+            "--preset", "tiny", "--steps", str(settings.pretrain_steps), "--batch-size", str(settings.batch_size),
+            "--context", str(settings.context), "--lr", str(settings.pretrain_lr), "--warmup-frac", "0.05",
+            "--seed", str(seed), "--log-every", "10", "--eval-every", str(max(settings.pretrain_steps // 6, 10)),
+            "--eval-batches", "4", "--save-every-steps", "10", "--no-progress"] + (["--cpu"] if cpu else [])
+
+
+def pretrain_with_kill(shards: Path, out: Path, settings: DemoSettings, cpu: bool, seed: int, log) -> dict:
+    """Train, SIGKILL halfway (no warning, like a power cut), resume; in parallel an uninterrupted reference run
+    with the same seed. On CPU the two final models must be bit-identical."""
+    from hitoban.training.checkpoint import current_slot
+    from hitoban.training.killtest import bit_identical, max_weight_diff, train_losses
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    run, reference = out / "run", out / "reference-run"
+    shutil.rmtree(reference, ignore_errors=True)
+
+    def start(folder: Path) -> subprocess.Popen:
+        return subprocess.Popen(_pretrain_command(shards, folder, settings, cpu, seed), env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    ref_proc, proc = start(reference), start(run)
+    kill_after = settings.pretrain_steps // 2
+    deadline = time.time() + 900
+    while proc.poll() is None and time.time() < deadline:
+        steps, _ = train_losses(run) if (run / "log.jsonl").exists() else ({}, [])
+        if steps and max(steps) >= kill_after and current_slot(run) is not None:
+            break
+        time.sleep(0.05)
+    if proc.poll() is not None:
+        raise RuntimeError(f"pretraining ended before it could be killed:\n{proc.communicate()[0][-3000:]}")
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    survived = json.loads((current_slot(run) / "train_state.json").read_text())["step"]
+    log(f"     SIGKILL at step >= {kill_after}; last complete checkpoint: step {survived}; resuming ...")
+    resumed = start(run)
+    for p, name in ((resumed, "resumed run"), (ref_proc, "reference run")):
+        output, _ = p.communicate()
+        if p.returncode:
+            raise RuntimeError(f"pretraining ({name}) failed:\n{output[-3000:]}")
+    losses, _ = train_losses(run)
+    records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    resumes = [r for r in records if r.get("type") == "resume"]
+    evals = [r for r in records if r.get("type") == "eval"]
+    identical = bit_identical(reference, run)
+    diff = max_weight_diff(reference, run)
+    shutil.rmtree(reference)
+    return {"kills": 1, "killed_at_steps": [survived], "resumes": len(resumes),
+            "resumed_from_step": resumes[0]["step"] if resumes else None,
+            "mode": "bit-exact (CPU)" if cpu else "same device", "killed_bit_identical": identical,
+            "killed_diff": diff, "passed": bool(resumes) and (identical or not cpu),
+            "loss_first": losses[min(losses)], "loss_last": losses[max(losses)],
+            "val_loss_best": min(r["val_loss"] for r in evals) if evals else None, "steps": max(losses)}
+
+
+def check_from_pretrained(release: Path) -> str:
+    """Load and generate in a fresh process where `import hitoban` fails: only the saved remote code is used."""
+    code = (
+        "import sys; sys.modules['hitoban'] = None\n"
+        "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        f"path = {str(release)!r}\n"
+        "tok = AutoTokenizer.from_pretrained(path, trust_remote_code=True)\n"
+        "model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)\n"
+        "ids = tok.apply_chat_template([{'role': 'user', 'content': 'こんにちは'}], add_generation_prompt=True,"
+        " return_tensors='pt', return_dict=True)\n"
+        "out = model.generate(**ids, max_new_tokens=30, do_sample=False,"
+        " eos_token_id=tok.convert_tokens_to_ids('<|end|>'), pad_token_id=tok.pad_token_id)\n"
+        "print('RESULT|' + type(model).__module__ + '|' + tok.decode(out[0, ids['input_ids'].shape[1]:],"
+        " skip_special_tokens=True))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if done.returncode:
+        raise RuntimeError(f"from_pretrained(trust_remote_code=True) failed:\n{done.stderr[-3000:]}")
+    result = [line for line in done.stdout.splitlines() if line.startswith("RESULT|")][-1]
+    _, module, text = result.split("|", 2)
+    if not module.startswith("transformers_modules"):
+        raise RuntimeError(f"the model loaded from {module}, not from the remote code saved with it")
+    return text
+
+
+def run_demo(out: str | os.PathLike = "hitoban-demo", source: list[str] | None = None, quick: bool = False,
+             cpu: bool | None = None, seed: int = 0, log=print) -> dict:
+    """Run every stage into `out` (which must not exist yet); returns the report also written as report.json."""
+    import torch
+
+    from hitoban.evaluation.bpc import cross_domain, load_model_and_tokenizer, shard_domain_bpc, write_outputs
+    from hitoban.evaluation.generation import SAMPLING, generation_metrics, load_questions
+    from hitoban.evaluation.leaks import scan_for_leaks
+    from hitoban.evaluation.plots import plot_run
+    from hitoban.release import pii
+    from hitoban.release.card import write_card
+    from hitoban.release.upload import upload_model
+    from hitoban.training.calibrate import calibrate
+    from hitoban.training.chat_data import ChatFilterSettings
+    from hitoban.training.corpus import build_corpus
+    from hitoban.training.filters import FilterSettings
+    from hitoban.training.sft import finetune
+    from hitoban.training.shards import build_shards, verify_shards
+    from hitoban.training.tokenizer import train_tokenizer_from_corpus
+
+    started = time.time()
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} already exists and is not empty; remove it or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    source = source or ["builtin"]
+    settings = DemoSettings.quick() if quick else DemoSettings()
+    cpu = cpu if cpu is not None else not (torch.cuda.is_available() or torch.backends.mps.is_available())
+    stages = Stages(log)
+    report: dict = {"source": source, "quick": quick, "settings": asdict(settings), "device": "cpu" if cpu else
+                    ("cuda" if torch.cuda.is_available() else "mps")}
+    log(f"hitoban demo -> {out} (source {' '.join(source)}, {'quick' if quick else 'full'}, "
+        f"{report['device']})")
+
+    sources, domains, prose_train, target = prepare_data(source, out / "data", settings)
+
+    def corpus():
+        m = build_corpus(sources, out / "corpus", target_chars=target, settings=FilterSettings(min_chars=50),
+                         seed=seed, progress=False)
+        rejected = sum(m["filters"]["rejected"].values())
+        return f"{m['total_documents']} documents, {m['total_chars']:,} chars ({rejected} rejected)", m
+
+    manifest = stages.run("corpus", corpus)
+    report["corpus_chars"] = manifest["total_chars"]
+
+    def tokenizer():
+        meta = train_tokenizer_from_corpus(out / "corpus", out / "tokenizer", vocab_size=settings.vocab_size,
+                                           seed=seed, model_max_length=256, heldout_every=HELD_OUT_EVERY,
+                                           hard_vocab_limit=False)
+        cpt = meta["heldout"]["chars_per_token"]
+        return f"{meta['vocab_size']:,} pieces, {cpt} chars/token on held-out documents", meta
+
+    tok_meta = stages.run("tokenizer", tokenizer)
+    report["vocab_size"] = tok_meta["vocab_size"]
+
+    def shards():
+        build_shards(out / "corpus", out / "tokenizer", out / "shards", shard_tokens=20_000, val_every=8,
+                             context=settings.context, seed=seed, progress=False)
+        splits = verify_shards(out / "shards", out / "tokenizer", full=True)["splits"]
+        return (f"{', '.join(f'{s} {n:,} tokens' for s, n in splits.items())}; verified (sha256, boundaries, "
+                "tokenizer)"), splits
+
+    report["shard_tokens"] = stages.run("shards", shards)
+
+    def calibration():
+        result = calibrate([f"tiny:{settings.batch_size}"], hours=8.0, data_dir=str(out / "shards"),
+                           context=settings.context, steps=settings.calibrate_steps, warmup=1, cpu=cpu,
+                           log=lambda *_: None)
+        (out / "calibration.json").write_text(json.dumps(result, indent=2))
+        row = result["results"][0]
+        return (f"tiny x batch {row['batch']}: {row['tok_per_sec']:,.0f} tok/s -> {row['tokens_in_budget']:,} "
+                f"tokens in 8 h (D/N {row['d_over_n']:.0f})"), result
+
+    stages.run("calibrate", calibration)
+
+    def pretraining():
+        result = pretrain_with_kill(out / "shards", out, settings, cpu, seed, log)
+        (out / "killtest.json").write_text(json.dumps(result, indent=2))
+        plot_run(out / "run", out / "plots")
+        same = ("bit-identical to" if result["killed_bit_identical"] else
+                f"max |diff| {result['killed_diff']:.1e} from")
+        return (f"loss {result['loss_first']:.2f} -> {result['loss_last']:.2f} in {result['steps']} steps; SIGKILL "
+                f"at step {result['killed_at_steps'][0]}, resumed from step {result['resumed_from_step']}, "
+                f"{same} an uninterrupted run"), result
+
+    report["pretrain"] = stages.run("pretrain", pretraining)
+
+    def sft():
+        summary = finetune(out / "run" / "final", [out / "data" / "chat_train.jsonl"], out / "sft",
+                           lr=settings.sft_lr, max_steps=settings.sft_steps, batch_size=8, val_frac=0.1,
+                           eval_steps=max(settings.sft_steps // 4, 5), seed=seed, log=lambda *_: None, quiet=True,
+                           filters=ChatFilterSettings(min_char_freq=1))
+        release = out / "release"
+        release.mkdir()
+        for item in (out / "sft").iterdir():
+            if item.is_file() and item.name != "summary.json" and not item.name.startswith("training_args"):
+                shutil.copy2(item, release / item.name)
+        return (f"{summary['train_conversations']} conversations, val loss {summary['first_val_loss']:.3f} -> "
+                f"{summary['best_val_loss']:.3f} ({summary['counted_ratio']:.0%} of tokens counted)"), summary
+
+    report["sft"] = stages.run("sft", sft)
+    release = out / "release"
+
+    def evaluation():
+        result = cross_domain([out / "run" / "final", release], domains, max_chars=None)
+        for path in (out / "run" / "final", release):  # plus the shards' own validation split, per domain
+            model, tok = load_model_and_tokenizer(path)
+            for row in shard_domain_bpc(model, tok, out / "shards"):
+                if "bits_per_char" in row:
+                    result["records"].append({"model": path.name, **row, "domain": f"val:{row['domain']}"})
+        write_outputs(result, out / "eval" / "bpc.json")
+        items = load_questions(out / "data" / "questions.jsonl")[:settings.questions]
+        gen = generation_metrics(model, tok, items, {**SAMPLING, "max_new_tokens": settings.gen_max_new_tokens})
+        gen = {"model": "release", "questions": "questions.jsonl", **gen}
+        (out / "eval" / "gen.json").write_text(json.dumps(gen, indent=2, ensure_ascii=False), encoding="utf-8")
+        mine = {r["domain"]: r["bits_per_char"] for r in result["records"] if r["model"] == "release"}
+        return (", ".join(f"{d} {v:.2f}" for d, v in mine.items()) + " bits/char; repetition "
+                f"{gen['repetition_rate']}, topic {gen['topic_rate']}, broken {gen['broken_rate']}"), \
+            {"bits_per_char": mine, "generation": {k: gen[k] for k in ("repetition_rate", "topic_rate",
+                                                                        "broken_rate", "avg_reply_len")}}
+
+    report["eval"] = stages.run("eval", evaluation)
+
+    def leaks():
+        result = scan_for_leaks(out / "data" / "chat_heldout.txt", [out / "corpus", out / "data" / "chat_train.jsonl"])
+        (out / "eval" / "leaks.json").write_text(json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8")
+        return (f"{result['probes']} probes (self-test passed): "
+                f"{'LEAKED' if result['leaked'] else 'no held-out text in the corpus or SFT data'}"), result["leaked"]
+
+    report["leaked"] = stages.run("leaks", leaks)
+
+    def privacy():
+        probe = pii.probe_model(release, [out / "corpus"], progress=False)
+        (out / "eval" / "pii.json").write_text(json.dumps(probe, indent=2, ensure_ascii=False), encoding="utf-8")
+        shutil.copy2(out / "eval" / "pii.json", release / "pii.json")  # the upload checks it (not uploaded)
+        texts = prose_train or [r["text"] for r in
+                                map(json.loads, (out / "corpus" / "documents.jsonl").read_text().splitlines())]
+        canary = pii.canary_control(texts, out / "pii-canaries", count=settings.canaries,
+                                    steps=settings.canary_steps, seed=seed, log=lambda *_: None)
+        rows = ", ".join(f"{r['exact']}/{r['canaries']} at {r['repetitions']}x"
+                         for r in canary["planted_model"]["by_repetitions"])
+        return (f"{probe['tried']} corpus contacts tried, {probe['exact']} exact; canaries extracted {rows}, "
+                f"clean model {canary['clean_model']['exact_total']}"), {"probe": {k: probe[k] for k in (
+                    "tried", "exact", "partial")}, "canary_sensitive": canary["sensitive"]}
+
+    report["pii"] = stages.run("pii", privacy)
+
+    def card():
+        result = write_card(release, REPO_ID, [out])
+        return f"README.md; not measured: {', '.join(result['not_measured']) or 'nothing'}", result
+
+    stages.run("card", card)
+
+    def dry_run():
+        lines: list[str] = []
+        result = upload_model(release, REPO_ID, dry_run=True, log=lines.append)
+        (out / "upload-dry-run.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        size = sum((release / f).stat().st_size for f in result["files"])
+        return (f"{len(result['files'])} files ({size / 2**20:.1f} MiB) would be uploaded, {len(result['skipped'])} "
+                "skipped; nothing sent"), result
+
+    report["upload"] = stages.run("upload", dry_run)
+
+    def load_check():
+        text = check_from_pretrained(release)
+        return f"AutoModelForCausalLM (remote code, no hitoban) says: {text[:40]!r}", text
+
+    report["from_pretrained_text"] = stages.run("load", load_check)
+    report["stages"] = stages.rows
+    report["seconds"] = round(time.time() - started, 1)
+    (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
+    write_report(out, report)
+    log("")
+    log(summary_table(report))
+    log(f"\ndone in {report['seconds']:.0f} s. Report: {out / 'report.md'}; model: {release} (chat with "
+        f"`hitoban chat {release}`)")
+    return report
+
+
+def summary_table(report: dict) -> str:
+    lines = ["| stage | result | seconds |", "|---|---|---:|"]
+    lines += [f"| {r['stage']} | {r['result']} | {r['seconds']} |" for r in report["stages"]]
+    return "\n".join(lines)
+
+
+LINKS = [("corpus manifest", "corpus/manifest.json"), ("tokenizer stats", "tokenizer/tokenizer_meta.json"),
+         ("shard index", "shards/shards_index.json"), ("calibration", "calibration.json"),
+         ("pretraining log", "run/log.jsonl"), ("kill + resume check", "killtest.json"),
+         ("SFT summary", "sft/summary.json"), ("bits/char (JSON)", "eval/bpc.json"),
+         ("bits/char (table)", "eval/bpc.md"), ("generation metrics", "eval/gen.json"),
+         ("leak scan", "eval/leaks.json"),
+         ("PII probe", "eval/pii.json"), ("canary control", "pii-canaries/canary_control.json"),
+         ("model card", "release/README.md"), ("upload dry run", "upload-dry-run.txt")]
+
+
+def write_report(out: Path, report: dict) -> Path:
+    """report.md: the summary table, links to every artefact, and the figures inline."""
+    lines = ["# hitoban demo report", "", f"Source: {' '.join(report['source'])}; device: {report['device']}; "
+             f"{'quick' if report['quick'] else 'full'} settings; {report['seconds']:.0f} s in all.", "",
+             summary_table(report), "", "## Artefacts", ""]
+    lines += [f"- [{label}]({path})" for label, path in LINKS if (out / path).exists()]
+    figures = sorted(out.glob("plots/*.png")) + sorted(out.glob("eval/*.png"))
+    if figures:
+        lines += ["", "## Figures", ""]
+        lines += [f"![{p.stem}]({p.relative_to(out).as_posix()})" for p in figures]
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

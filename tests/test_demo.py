@@ -1,0 +1,59 @@
+"""`hitoban demo --quick`: the whole pipeline on the built-in text, checked for sanity through its report."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    from hitoban.cli import main
+
+    out = tmp_path_factory.mktemp("demo") / "night"
+    assert main(["demo", "--quick", "--out", str(out)]) == 0
+    return out, json.loads((out / "report.json").read_text(encoding="utf-8"))
+
+
+def test_every_stage_ran_and_the_report_links_real_files(demo):
+    out, report = demo
+    assert [r["stage"] for r in report["stages"]] == ["corpus", "tokenizer", "shards", "calibrate", "pretrain",
+                                                      "sft", "eval", "leaks", "pii", "card", "upload", "load"]
+    text = (out / "report.md").read_text(encoding="utf-8")
+    links = re.findall(r"\]\(([^)]+)\)", text)
+    assert len(links) >= 15 and all((out / link).exists() for link in links), links
+    assert any(link.endswith(".png") for link in links)
+    for row in report["stages"]:
+        assert f"| {row['stage']} |" in text
+
+
+def test_loss_fell_and_the_killed_run_resumed_bit_identically(demo):
+    _, report = demo
+    pretrain = report["pretrain"]
+    assert pretrain["loss_last"] < pretrain["loss_first"] - 1.0
+    assert pretrain["resumes"] == 1 and 0 < pretrain["killed_at_steps"][0] < pretrain["steps"]
+    assert pretrain["killed_bit_identical"] and pretrain["passed"]
+    sft = report["sft"]
+    assert sft["best_val_loss"] < sft["first_val_loss"]
+
+
+def test_checks_and_release(demo):
+    out, report = demo
+    assert report["leaked"] is False
+    assert report["pii"]["canary_sensitive"], "the canary control must show the PII probe can find a leak"
+    assert all(0 < v < 20 for v in report["eval"]["bits_per_char"].values())
+    files = set(report["upload"]["files"])
+    assert {"model.safetensors", "README.md", "modeling_hitoban.py", "tokenizer.json"} <= files
+    assert "pii.json" not in files and not any(f.startswith("trainer") for f in files)
+    assert isinstance(report["from_pretrained_text"], str)
+    card = (out / "release" / "README.md").read_text(encoding="utf-8")
+    assert "bit-identical" in card and "bits/char" in card
+
+
+def test_demo_refuses_a_used_folder(demo):
+    from hitoban.cli import main
+
+    out, _ = demo
+    assert main(["demo", "--quick", "--out", str(out)]) == 2

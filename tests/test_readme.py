@@ -1,0 +1,145 @@
+"""Every command in README.md is run by a test (litgpt-style).
+
+Each fenced block in the README is preceded by `<!-- test: TAG -->`:
+  ci       run here, in README order, in one work folder, with the sizes shrunk by SMALLER (paths point at
+           ../shared/corpus and the built-in data);
+  install  what .ci/run itself does (install, pytest); `hitoban demo` is run by tests/test_demo.py (--quick);
+  network  needs the Hugging Face Hub (and a login to upload): marked `network`, run where it is reachable;
+  gpu      needs several CUDA GPUs: run only where they exist.
+A block without a tag fails the first test, so nothing in the README can escape testing.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+from conftest import CORPUS, REPO
+
+README = (REPO / "README.md").read_text(encoding="utf-8")
+BLOCK = re.compile(r"<!-- test: (?P<tag>[\w-]+) -->\n```(?P<lang>\w+)\n(?P<code>.*?)```", re.S)
+BLOCKS = [(m["tag"], m["lang"], m["code"]) for m in BLOCK.finditer(README)]
+BUILTIN = REPO / "hitoban" / "data"
+
+# README text -> what CI runs instead. Every pattern must match (a README edit that drops one fails the test).
+SMALLER = [
+    ("my_texts/", f"{CORPUS}/literature"),
+    ("--target-chars 1.2e9 --out data/corpus", "--target-chars 5e5 --out data/corpus"),
+    ("--vocab-size 32000", "--vocab-size 4000"),
+    ("--out data/shards\n", "--out data/shards --val-every 4 --shard-tokens 100000 --context 64\n"),
+    ("--hours 8 ", "--hours 8 --candidate tiny:8 --steps 2 --warmup 1 "),
+    ("--work runs/killtest", "--work runs/killtest --steps 20"),
+    ("--preset 3lm --batch-size 32 --tokens 367608645", "--preset tiny --batch-size 8 --context 64 --steps 30"),
+    ("--max-hours 8.5 --supervise", "--max-hours 8.5 --supervise --eval-every 10 --eval-batches 2 --no-progress"),
+    ("--out runs/sft --exclude", "--out runs/sft --max-steps 10 --eval-steps 5 --batch-size 8 --exclude"),
+    ("chats.jsonl", f"{CORPUS}/dialogue/real-persona-chat.messages.jsonl"),
+    ("holdout.txt", f"{CORPUS}/3lm-eval/holdout_clean.txt"),
+    ("tone.jsonl", f"{BUILTIN}/builtin_chat.jsonl"),
+    ("eval/literature.txt", f"{CORPUS}/literature/000025_00201.txt"),
+    ("eval/web.txt", f"{CORPUS}/web-or-wiki/rust-book-ja.txt"),
+    ("questions.jsonl", f"{CORPUS}/3lm-eval/questions.jsonl"),
+    ("--canaries 8 --corpus small.txt", f"--canaries 8 --corpus {BUILTIN}/builtin_ja.txt --steps 200"),
+    ("hitoban secrets . --git", f"hitoban secrets {REPO} --git"),
+    ("--out eval/bpc.json", "--out eval/bpc.json --max-chars 50000"),
+    ('"your-name/hitoban-3lm"', '"runs/sft"'),
+]
+
+
+def shrink(code: str) -> str:
+    for pattern, replacement in SMALLER:
+        code = code.replace(pattern, replacement)
+    return code
+
+
+def run_block(lang: str, code: str, cwd, env) -> None:
+    command = ["bash", "-euo", "pipefail", "-c", code] if lang == "bash" else [sys.executable, "-c", code]
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          timeout=900)
+    assert done.returncode == 0, f"README block failed:\n{code}\n--- stdout\n{done.stdout[-3000:]}\n" \
+                                 f"--- stderr\n{done.stderr[-3000:]}"
+
+
+def commands(code: str) -> list[str]:
+    """Shell lines of a bash block, with backslash continuations joined."""
+    return [line for line in code.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def run_in_process(lang: str, code: str, env) -> None:
+    """`hitoban …` lines go straight to `hitoban.cli.main` and Python blocks to `exec` in this process: a fresh
+    interpreter costs ~10 s of imports here, times 30 commands. Anything else (torchrun) runs in a shell."""
+    from hitoban.cli import main
+
+    if lang == "python":
+        exec(compile(code, "README.md", "exec"), {"__name__": "__main__"})
+        return
+    for line in commands(code):
+        argv = shlex.split(line, comments=True)
+        if argv[0] == "hitoban":
+            assert main(argv[1:]) == 0, f"README command failed: {line}"
+        else:
+            run_block("bash", line, os.getcwd(), env)
+
+
+def test_every_code_block_is_tagged_and_every_substitution_applies():
+    fences = re.findall(r"^```\w+$", README, re.M)
+    assert len(fences) == len(BLOCKS), "a README code block has no <!-- test: TAG --> line above it"
+    assert {tag for tag, _, _ in BLOCKS} <= {"ci", "install", "network", "gpu"}
+    ci_text = "".join(code for tag, _, code in BLOCKS if tag in ("ci", "network", "gpu"))
+    unused = [pattern for pattern, _ in SMALLER if pattern not in ci_text]
+    assert not unused, f"README no longer contains {unused}: update SMALLER"
+    install = "".join(code for tag, _, code in BLOCKS if tag == "install")
+    ci_script = (REPO / ".ci" / "run").read_text()
+    assert "hitoban demo" in install  # run by tests/test_demo.py with --quick
+    assert "pip install torch==2.13.0" in ci_script and 'pip install -e ".[dev]"' in ci_script
+    assert "python -m pytest -q" in install and "python -m pytest -q" in ci_script
+
+
+def test_every_ci_command_in_the_readme_runs(tmp_path, monkeypatch):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}"}  # the `hitoban` script
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # `hitoban chat` reads until end of input
+    for tag, lang, code in BLOCKS:
+        if tag == "ci":
+            run_in_process(lang, shrink(code), env)
+    # what the recipe promised to leave behind
+    for path in ("data/corpus/manifest.json", "data/shards/shards_index.json", "runs/night/final/model.safetensors",
+                 "runs/killtest/killtest.json", "runs/sft/summary.json", "runs/tone/summary.json",
+                 "eval/bpc.png", "eval/gen.json", "eval/compare/compare.png", "eval/leaks.json",
+                 "eval/canaries/canary_control.json", "runs/sft/README.md", "runs/sft-llama/config.json",
+                 "runs/tone-trainer/model.safetensors", "runs/ddp/log.jsonl"):
+        assert (tmp_path / path).exists(), path
+    card = (tmp_path / "runs/sft/README.md").read_text(encoding="utf-8")
+    assert "| literature |" in card and "Crash safety" in card and "prefix attack tried" in card
+
+
+@pytest.mark.network
+def test_network_commands_in_the_readme(tmp_path):
+    """The Hub-streamed corpus (no login needed). The upload blocks need a trained model and a login; the same
+    upload path runs against the real Hub in tests/test_release.py::test_real_hub_upload_round_trip."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "0", "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}"
+                                                        f"{os.environ['PATH']}"}
+    corpus_block = next(code for tag, _, code in BLOCKS if tag == "network" and "hitoban corpus" in code)
+    run_block("bash", corpus_block.replace("1.2e9", "2e5"), tmp_path, env)
+    assert (tmp_path / "data/corpus/manifest.json").exists()
+
+
+def test_gpu_commands_in_the_readme(tmp_path, tiny_shards):
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        pytest.skip("needs 2+ CUDA GPUs (the same DDP code runs on CPU in test_every_ci_command_in_the_readme)")
+    for tag, lang, code in BLOCKS:
+        if tag == "gpu":
+            code = (code.replace("--num_processes 4", f"--num_processes {gpus}")
+                    .replace("data/shards", str(tiny_shards))
+                    .replace("--preset 3lm --batch-size 64 --tokens 1e9",
+                             f"--preset tiny --batch-size {8 * gpus} --context 64 --steps 10"))
+            run_block(lang, code, tmp_path, {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}"
+                                                                      f"{os.pathsep}{os.environ['PATH']}"})
