@@ -6,9 +6,14 @@ in chunks that overlap by (longest probe - 1) bytes, so a match straddling a chu
 candidate is confirmed byte for byte and counted once per absolute offset: no false negatives, no false positives.
 Before every scan a self-test plants a needle across chunk borders and requires exactly the planted count.
 
-Engine: Hyperscan (Intel's multi-literal matcher, PyPI `hyperscan`) when it imports, else `ahocorasick-rs` on
-bytes; the report names the engine that ran. A `hitoban corpus` folder is scanned through its documents.jsonl, with
-JSON-escaped probe variants so a quote or backslash in the text cannot hide a leak.
+Engines (the report names the one that ran):
+- `sampled-grams` (default): NumPy over the text's aligned 8-byte words. Any occurrence of a probe of >= 23 bytes
+  covers one 16-byte gram that starts on an 8-byte boundary of the text, at offset 0..7 of the probe; the 8
+  possible grams of every probe are hashed into a 1 MiB bitmap, so the scan is a few vectorised passes over
+  len/8 words, and only exact 64-bit key matches reach the byte-for-byte check.
+- `hyperscan` (Intel's multi-literal matcher) and `ahocorasick-rs`, for short probes or as a cross-check.
+A `hitoban corpus` folder is scanned through its documents.jsonl, with JSON-escaped probe variants so a quote or
+backslash in the text cannot hide a leak.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
+
+import numpy as np
 
 MARKERS = re.compile(r"<\|(?:user|assistant|end|endoftext|unk)\|>")
 CHUNK = 16 * 2**20
@@ -46,13 +53,58 @@ def make_probes(lines: Iterable[str], length: int = 48, per_line: int = 3, min_b
     return probes
 
 
+class SampledGrams:
+    """Exact multi-pattern search by 16-byte grams sampled at 8-byte strides (see the module docstring)."""
+
+    STRIDE, GRAM, BITS = 8, 16, 20
+    MIN_PATTERN = GRAM + STRIDE - 1  # shortest pattern that always covers an aligned gram
+    _A, _B = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F)
+
+    def __init__(self, patterns: list[bytes]):
+        if min(map(len, patterns)) < self.MIN_PATTERN:
+            raise LeakScanError(f"sampled-grams needs patterns of >= {self.MIN_PATTERN} bytes; use hyperscan")
+        self.keys: dict[int, list[tuple[int, int]]] = {}
+        grams = np.frombuffer(b"".join(p[o:o + self.GRAM] for p in patterns for o in range(self.STRIDE)), "<u8")
+        for i, key in enumerate(self._mix(grams[0::2], grams[1::2]).tolist()):
+            self.keys.setdefault(key, []).append(divmod(i, self.STRIDE))  # (pattern id, offset in the pattern)
+        self.sorted_keys = np.array(sorted(self.keys), dtype=np.uint64)
+        self.bitmap = np.zeros(1 << self.BITS, dtype=bool)
+        self.bitmap[self.sorted_keys >> np.uint64(64 - self.BITS)] = True
+
+    def _mix(self, first: np.ndarray, second: np.ndarray) -> np.ndarray:
+        """A 64-bit key for 16 bytes: one wrapping multiply spreads the first word over the top bits (those index
+        the bitmap); the second word is xor-ed in. Collisions only cost a byte comparison, never a miss."""
+        return (first * self._A) ^ second
+
+    def find(self, data: bytes, patterns: list[bytes]) -> list[tuple[int, int]]:
+        words = np.frombuffer(data, "<u8", count=len(data) // 8)
+        if len(words) < 2:
+            return []
+        top = words[:-1] * self._A  # the same key as _mix, computed in place: one temporary for the whole chunk
+        top ^= words[1:]
+        top >>= np.uint64(64 - self.BITS)
+        candidates = np.flatnonzero(self.bitmap[top])
+        keys = self._mix(words[candidates], words[candidates + 1])
+        exact = np.isin(keys, self.sorted_keys)  # full 64-bit key matches only
+        found = []
+        for word, key in zip(candidates[exact].tolist(), keys[exact].tolist()):
+            for pid, offset in self.keys[key]:
+                start = word * self.STRIDE - offset
+                pattern = patterns[pid]
+                if start >= 0 and data[start:start + len(pattern)] == pattern:
+                    found.append((pid, start + len(pattern)))
+        return found
+
+
 class _Matcher:
     """Multi-literal byte matcher reporting (pattern id, end offset) for every occurrence, overlaps included."""
 
     def __init__(self, patterns: list[bytes], engine: str | None = None):
         self.patterns = patterns
-        self.engine = engine or self._best_engine()
-        if self.engine == "hyperscan":
+        self.engine = engine or self._best_engine(patterns)
+        if self.engine == "sampled-grams":
+            self.grams = SampledGrams(patterns)
+        elif self.engine == "hyperscan":
             import hyperscan
 
             self.db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
@@ -66,7 +118,9 @@ class _Matcher:
             raise LeakScanError(f"unknown engine {self.engine!r}")
 
     @staticmethod
-    def _best_engine() -> str:
+    def _best_engine(patterns: list[bytes]) -> str:
+        if min(map(len, patterns)) >= SampledGrams.MIN_PATTERN:
+            return "sampled-grams"
         try:
             import hyperscan  # noqa: F401
 
@@ -75,6 +129,8 @@ class _Matcher:
             return "ahocorasick-rs"
 
     def find(self, data: bytes) -> list[tuple[int, int]]:
+        if self.engine == "sampled-grams":
+            return self.grams.find(data, self.patterns)
         if self.engine == "hyperscan":
             found: list[tuple[int, int]] = []
 

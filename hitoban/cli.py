@@ -504,7 +504,8 @@ def _leaks_args(p):
     p.add_argument("--holdout", required=True, help="held-out text (one item per line; chat markers are removed)")
     p.add_argument("--corpus", nargs="+", required=True, help="text files or `hitoban corpus` folders")
     p.add_argument("--out", help="JSON report")
-    p.add_argument("--engine", choices=["hyperscan", "ahocorasick-rs"], help="default: hyperscan when installed")
+    p.add_argument("--engine", choices=["sampled-grams", "hyperscan", "ahocorasick-rs"],
+                   help="default: sampled-grams (NumPy) for probes of >= 23 bytes, else hyperscan when installed")
 
 
 @verb("leaks", "exact scan of corpora for held-out text (exit 1 when anything leaks)")(_leaks_args)

@@ -20,7 +20,7 @@ HOLDOUT_LINE = ("<|user|>日本で一番高い山の名前とその標高はど�
                 "教えてください。<|assistant|>日本で最も高い山は富士山で、標高は三千七百七十六メートルです。<|end|>")
 FILLER = ("春の川べりを歩くと、水の音がいつもより明るく聞こえる。"
           "雪解けの水が山から下りてきて、石の間を急いで流れていく。")
-ENGINES = ["hyperscan", "ahocorasick-rs"]
+ENGINES = ["sampled-grams", "hyperscan", "ahocorasick-rs"]
 
 
 def test_probes_follow_the_3lm_construction():
@@ -60,6 +60,28 @@ def test_a_planted_probe_is_found_exactly_once_at_any_byte_offset(offset, chunk,
     matcher = _Matcher([probe, near_miss], engine)
     counts = scan_bytes_chunks((data[i : i + chunk] for i in range(0, len(data), chunk)), matcher)
     assert counts[0] == 1 and counts[1] == 0
+
+
+def found_at_each_alignment(matcher) -> list[int]:
+    probe = matcher.patterns[0]
+    filler = (FILLER * 4).encode()
+    return [len([1 for pid, _ in matcher.find(filler[:100 + shift] + probe + filler) if pid == 0])
+            for shift in range(16)]
+
+
+def test_sampled_grams_find_a_probe_at_every_alignment_and_the_control_does_not():
+    from hitoban.evaluation.leaks import SampledGrams
+
+    probe = next(iter(make_probes([HOLDOUT_LINE]))).encode()
+    assert found_at_each_alignment(_Matcher([probe], "sampled-grams")) == [1] * 16
+
+    matcher = _Matcher([probe], "sampled-grams")  # negative control: keep only the grams at offset 0 of the probe
+    matcher.grams.keys = {k: [(p, o) for p, o in v if o == 0] for k, v in matcher.grams.keys.items()}
+    matcher.grams.keys = {k: v for k, v in matcher.grams.keys.items() if v}
+    matcher.grams.sorted_keys = np.array(sorted(matcher.grams.keys), dtype=np.uint64)
+    assert found_at_each_alignment(matcher) == [1 if shift % 8 == 4 else 0 for shift in range(16)]
+    with pytest.raises(LeakScanError, match=">= 23 bytes"):
+        SampledGrams([b"short"])
 
 
 def test_scan_reports_affected_lines_and_the_cli_exits_1_on_a_leak(tmp_path, capsys):
