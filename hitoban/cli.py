@@ -612,14 +612,31 @@ def _card(args) -> int:
     return 0
 
 
-def _upload_args(p):
-    p.add_argument("model_dir")
-    p.add_argument("--repo", required=True, help="OWNER/NAME")
+def _publish_args(p):
     p.add_argument("--dry-run", action="store_true", help="list what would be uploaded and skipped; send nothing")
     visibility = p.add_mutually_exclusive_group()
     visibility.add_argument("--private", dest="private", action="store_true", default=True,
                             help="create the repo private (default)")
-    visibility.add_argument("--public", dest="private", action="store_false")
+    visibility.add_argument("--public", dest="private", action="store_false", help="create the repo public")
+
+
+def _run_publish(verb_name: str, publish) -> int:
+    """Print the result as JSON; a refusal is exit 1 with its reasons on stderr."""
+    from hitoban.release.upload import UploadRefused
+
+    try:
+        result = publish()
+    except UploadRefused as err:
+        print(f"hitoban {verb_name}: {err}", file=sys.stderr)
+        return 1
+    print_json(result)
+    return 0
+
+
+def _upload_args(p):
+    p.add_argument("model_dir", help="the from_pretrained folder, with its model card (README.md from `hitoban card`)")
+    p.add_argument("--repo", required=True, help="OWNER/NAME")
+    _publish_args(p)
     p.add_argument("--create-pr", action="store_true", help="open a pull request instead of pushing to main")
     p.add_argument("--include", nargs="*", default=[], metavar="PATTERN", help="extra allow-list globs")
     p.add_argument("--pii", help="PII probe JSON (default MODEL_DIR/pii.json)")
@@ -629,38 +646,23 @@ def _upload_args(p):
 @verb("upload", "allow-listed upload to the Hub (refuses on secrets, no card, optimizer/logs, PII leaks)")(
     _upload_args)
 def _upload(args) -> int:
-    from hitoban.release.upload import UploadRefused, upload_model
+    from hitoban.release.upload import upload_model
 
-    try:
-        result = upload_model(args.model_dir, args.repo, args.dry_run, args.private, args.create_pr, args.include,
-                              args.pii, args.i_know)
-    except UploadRefused as err:
-        print(f"hitoban upload: {err}", file=sys.stderr)
-        return 1
-    print_json(result)
-    return 0
+    return _run_publish("upload", lambda: upload_model(args.model_dir, args.repo, args.dry_run, args.private,
+                                                       args.create_pr, args.include, args.pii, args.i_know))
 
 
 def _space_args(p):
     p.add_argument("--repo", required=True, help="OWNER/NAME of the Space")
     p.add_argument("--model", required=True, help="OWNER/NAME of the model the Space serves")
-    p.add_argument("--dry-run", action="store_true")
-    visibility = p.add_mutually_exclusive_group()
-    visibility.add_argument("--private", dest="private", action="store_true", default=True)
-    visibility.add_argument("--public", dest="private", action="store_false")
+    _publish_args(p)
 
 
 @verb("space", "publish the Gradio chat Space (spaces/) for a model on the Hub")(_space_args)
 def _space(args) -> int:
-    from hitoban.release.upload import UploadRefused, publish_space
+    from hitoban.release.upload import publish_space
 
-    try:
-        result = publish_space(args.repo, args.model, args.dry_run, args.private)
-    except UploadRefused as err:
-        print(f"hitoban space: {err}", file=sys.stderr)
-        return 1
-    print_json(result)
-    return 0
+    return _run_publish("space", lambda: publish_space(args.repo, args.model, args.dry_run, args.private))
 
 
 def _demo_args(p):
