@@ -191,26 +191,179 @@ def check_from_pretrained(release: Path) -> str:
     return text
 
 
+STAGES = ("corpus", "tokenizer", "shards", "calibrate", "pretrain", "sft", "eval", "leaks", "pii", "card", "upload",
+          "load")
+
+
+class DemoRun:
+    """One demo into `out`: a method per stage, each returning (one-line summary, value for report.json)."""
+
+    def __init__(self, out: Path, source: list[str], settings: DemoSettings, cpu: bool, seed: int, log):
+        self.out, self.source, self.settings, self.cpu, self.seed, self.log = out, source, settings, cpu, seed, log
+        self.release = out / "release"
+        self.sources, self.domains, self.prose_train, self.target = prepare_data(source, out / "data", settings)
+
+    def corpus(self):
+        from hitoban.training.corpus import build_corpus
+        from hitoban.training.filters import FilterSettings
+
+        m = build_corpus(self.sources, self.out / "corpus", target_chars=self.target, seed=self.seed,
+                         settings=FilterSettings(min_chars=50), progress=False)
+        rejected = sum(m["filters"]["rejected"].values())
+        return f"{m['total_documents']} documents, {m['total_chars']:,} chars ({rejected} rejected)", m["total_chars"]
+
+    def tokenizer(self):
+        from hitoban.training.corpus import iter_corpus
+        from hitoban.training.tokenizer import train_tokenizer_from_corpus
+
+        # SentencePiece needs a piece for every character, and other sources than the built-in text can have more
+        # distinct characters than the demo's small vocabulary.
+        distinct = len({ch for record in iter_corpus(self.out / "corpus") for ch in record["text"]})
+        meta = train_tokenizer_from_corpus(self.out / "corpus", self.out / "tokenizer",
+                                           vocab_size=min(max(self.settings.vocab_size, distinct + 500), 16000),
+                                           seed=self.seed, model_max_length=256, heldout_every=HELD_OUT_EVERY,
+                                           hard_vocab_limit=False)
+        cpt = meta["heldout"]["chars_per_token"]
+        return f"{meta['vocab_size']:,} pieces, {cpt} chars/token on held-out documents", meta["vocab_size"]
+
+    def shards(self):
+        from hitoban.training.shards import build_shards, verify_shards
+
+        build_shards(self.out / "corpus", self.out / "tokenizer", self.out / "shards", shard_tokens=20_000,
+                     val_every=8, context=self.settings.context, seed=self.seed, progress=False)
+        splits = verify_shards(self.out / "shards", self.out / "tokenizer", full=True)["splits"]
+        return (f"{', '.join(f'{s} {n:,} tokens' for s, n in splits.items())}; verified (sha256, boundaries, "
+                "tokenizer)"), splits
+
+    def calibrate(self):
+        from hitoban.training.calibrate import calibrate
+
+        result = calibrate([f"tiny:{self.settings.batch_size}"], hours=8.0, data_dir=str(self.out / "shards"),
+                           context=self.settings.context, steps=self.settings.calibrate_steps, warmup=1,
+                           cpu=self.cpu, log=lambda *_: None)
+        (self.out / "calibration.json").write_text(json.dumps(result, indent=2))
+        row = result["results"][0]
+        return (f"tiny x batch {row['batch']}: {row['tok_per_sec']:,.0f} tok/s -> {row['tokens_in_budget']:,} "
+                f"tokens in 8 h (D/N {row['d_over_n']:.0f})"), row["tok_per_sec"]
+
+    def pretrain(self):
+        from hitoban.evaluation.plots import plot_run
+
+        result = pretrain_with_kill(self.out / "shards", self.out, self.settings, self.cpu, self.seed, self.log)
+        (self.out / "killtest.json").write_text(json.dumps(result, indent=2))
+        plot_run(self.out / "run", self.out / "plots")
+        same = ("bit-identical to" if result["killed_bit_identical"] else
+                f"max |diff| {result['killed_diff']:.1e} from")
+        return (f"loss {result['loss_first']:.2f} -> {result['loss_last']:.2f} in {result['steps']} steps; SIGKILL "
+                f"at step {result['killed_at_steps'][0]}, resumed from step {result['resumed_from_step']}, "
+                f"{same} an uninterrupted run"), result
+
+    def sft(self):
+        from hitoban.training.chat_data import ChatFilterSettings
+        from hitoban.training.sft import finetune
+
+        steps = self.settings.sft_steps
+        summary = finetune(self.out / "run" / "final", [self.out / "data" / "chat_train.jsonl"], self.out / "sft",
+                           lr=self.settings.sft_lr, max_steps=steps, batch_size=8, val_frac=0.1, quiet=True,
+                           eval_steps=max(steps // 4, 5), seed=self.seed, log=lambda *_: None,
+                           filters=ChatFilterSettings(min_char_freq=1))
+        self.release.mkdir()
+        for item in (self.out / "sft").iterdir():  # the model, without the Trainer's checkpoints and arguments
+            if item.is_file() and item.name != "summary.json" and not item.name.startswith("training_args"):
+                shutil.copy2(item, self.release / item.name)
+        return (f"{summary['train_conversations']} conversations, val loss {summary['first_val_loss']:.3f} -> "
+                f"{summary['best_val_loss']:.3f} ({summary['counted_ratio']:.0%} of tokens counted)"), summary
+
+    def eval(self):
+        from hitoban.evaluation.bpc import cross_domain, load_model_and_tokenizer, shard_domain_bpc, write_outputs
+        from hitoban.evaluation.generation import SAMPLING, generation_metrics, load_questions
+
+        pretrained = self.out / "run" / "final"
+        with warnings.catch_warnings():  # short domains are flagged in the table (⚠) and the JSON instead
+            warnings.simplefilter("ignore", UserWarning)
+            result = cross_domain([pretrained, self.release], self.domains, max_chars=None)
+        for path in (pretrained, self.release):  # plus the shards' own validation split, per source
+            model, tok = load_model_and_tokenizer(path)
+            for row in shard_domain_bpc(model, tok, self.out / "shards"):
+                if "bits_per_char" in row:
+                    result["records"].append({"model": path.name, **row, "domain": f"val:{row['domain']}"})
+        write_outputs(result, self.out / "eval" / "bpc.json")
+        items = load_questions(self.out / "data" / "questions.jsonl")[:self.settings.questions]
+        gen = generation_metrics(model, tok, items, {**SAMPLING, "max_new_tokens": self.settings.gen_max_new_tokens})
+        gen = {"model": "release", "questions": "questions.jsonl", **gen}
+        (self.out / "eval" / "gen.json").write_text(json.dumps(gen, indent=2, ensure_ascii=False), encoding="utf-8")
+        mine = {r["domain"]: r["bits_per_char"] for r in result["records"] if r["model"] == "release"}
+        metrics = {k: gen[k] for k in ("repetition_rate", "topic_rate", "broken_rate", "avg_reply_len")}
+        return (", ".join(f"{d} {v:.2f}" for d, v in mine.items()) + " bits/char; repetition "
+                f"{gen['repetition_rate']}, topic {gen['topic_rate']}, broken {gen['broken_rate']}"), \
+            {"bits_per_char": mine, "generation": metrics}
+
+    def leaks(self):
+        from hitoban.evaluation.leaks import scan_for_leaks
+
+        data = self.out / "data"
+        result = scan_for_leaks(data / "chat_heldout.txt", [self.out / "corpus", data / "chat_train.jsonl"])
+        (self.out / "eval" / "leaks.json").write_text(json.dumps(result, indent=2, ensure_ascii=False),
+                                                      encoding="utf-8")
+        verdict = "LEAKED" if result["leaked"] else "no held-out text in the corpus or SFT data"
+        return f"{result['probes']} probes (self-test passed): {verdict}", result["leaked"]
+
+    def pii(self):
+        from hitoban.release import pii
+        from hitoban.training.corpus import iter_corpus
+
+        probe = pii.probe_model(self.release, [self.out / "corpus"], progress=False)
+        (self.out / "eval" / "pii.json").write_text(json.dumps(probe, indent=2, ensure_ascii=False),
+                                                    encoding="utf-8")
+        shutil.copy2(self.out / "eval" / "pii.json", self.release / "pii.json")  # the upload checks it (not sent)
+        # The control plants canaries into a *small* copy (~10k chars, the built-in prose's size): it asks whether
+        # the probe can see memorisation, which a tiny model only shows on a little text.
+        texts, size = [], 0
+        records = iter_corpus(self.out / "corpus") if self.prose_train is None else (
+            {"text": t} for t in self.prose_train)
+        for record in records:
+            texts.append(record["text"][:2000])
+            size += len(texts[-1])
+            if size >= 10_000:
+                break
+        canary = pii.canary_control(texts, self.out / "pii-canaries", count=self.settings.canaries,
+                                    steps=self.settings.canary_steps, seed=self.seed, log=lambda *_: None)
+        rows = ", ".join(f"{r['exact']}/{r['canaries']} at {r['repetitions']}x"
+                         for r in canary["planted_model"]["by_repetitions"])
+        return (f"{probe['tried']} corpus contacts tried, {probe['exact']} exact; canaries extracted {rows}, "
+                f"clean model {canary['clean_model']['exact_total']}"), {
+                    "probe": {k: probe[k] for k in ("tried", "exact", "partial")},
+                    "canary_sensitive": canary["sensitive"]}
+
+    def card(self):
+        from hitoban.release.card import write_card
+
+        result = write_card(self.release, REPO_ID, [self.out])
+        return f"README.md; not measured: {', '.join(result['not_measured']) or 'nothing'}", result["measured"]
+
+    def upload(self):
+        from hitoban.release.upload import upload_model
+
+        lines: list[str] = []
+        result = upload_model(self.release, REPO_ID, dry_run=True, log=lines.append)
+        (self.out / "upload-dry-run.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        size = sum((self.release / f).stat().st_size for f in result["files"])
+        return (f"{len(result['files'])} files ({size / 2**20:.1f} MiB) would be uploaded, "
+                f"{len(result['skipped'])} skipped; nothing sent"), result
+
+    def load(self):
+        text = check_from_pretrained(self.release)
+        return f"AutoModelForCausalLM (remote code, no hitoban) says: {text[:40]!r}", text
+
+
 def run_demo(out: str | os.PathLike = "hitoban-demo", source: list[str] | None = None, quick: bool = False,
-             cpu: bool | None = None, seed: int = 0, log=print) -> dict:
-    """Run every stage into `out` (which must not exist yet); returns the report also written as report.json."""
+             cpu: bool | None = None, seed: int = 0, until: str | None = None, log=print) -> dict:
+    """Run the stages (all, or up to `until`) into `out`, which must be new or empty; returns the report that is
+    also written as report.json and report.md."""
     import torch
 
-    from hitoban.evaluation.bpc import cross_domain, load_model_and_tokenizer, shard_domain_bpc, write_outputs
-    from hitoban.evaluation.generation import SAMPLING, generation_metrics, load_questions
-    from hitoban.evaluation.leaks import scan_for_leaks
-    from hitoban.evaluation.plots import plot_run
-    from hitoban.release import pii
-    from hitoban.release.card import write_card
-    from hitoban.release.upload import upload_model
-    from hitoban.training.calibrate import calibrate
-    from hitoban.training.chat_data import ChatFilterSettings
-    from hitoban.training.corpus import build_corpus
-    from hitoban.training.filters import FilterSettings
-    from hitoban.training.sft import finetune
-    from hitoban.training.shards import build_shards, verify_shards
-    from hitoban.training.tokenizer import train_tokenizer_from_corpus
-
+    if until is not None and until not in STAGES:
+        raise ValueError(f"--until must be one of {', '.join(STAGES)}")
     started = time.time()
     out = Path(out)
     if out.exists() and any(out.iterdir()):
@@ -219,156 +372,19 @@ def run_demo(out: str | os.PathLike = "hitoban-demo", source: list[str] | None =
     source = source or ["builtin"]
     settings = DemoSettings.quick() if quick else DemoSettings()
     cpu = cpu if cpu is not None else not (torch.cuda.is_available() or torch.backends.mps.is_available())
-    stages = Stages(log)
     report: dict = {"source": source, "quick": quick, "settings": asdict(settings), "device": "cpu" if cpu else
                     ("cuda" if torch.cuda.is_available() else "mps")}
-    log(f"hitoban demo -> {out} (source {' '.join(source)}, {'quick' if quick else 'full'}, "
-        f"{report['device']})")
-
-    sources, domains, prose_train, target = prepare_data(source, out / "data", settings)
-
-    def corpus():
-        m = build_corpus(sources, out / "corpus", target_chars=target, settings=FilterSettings(min_chars=50),
-                         seed=seed, progress=False)
-        rejected = sum(m["filters"]["rejected"].values())
-        return f"{m['total_documents']} documents, {m['total_chars']:,} chars ({rejected} rejected)", m
-
-    manifest = stages.run("corpus", corpus)
-    report["corpus_chars"] = manifest["total_chars"]
-
-    def tokenizer():
-        meta = train_tokenizer_from_corpus(out / "corpus", out / "tokenizer", vocab_size=settings.vocab_size,
-                                           seed=seed, model_max_length=256, heldout_every=HELD_OUT_EVERY,
-                                           hard_vocab_limit=False)
-        cpt = meta["heldout"]["chars_per_token"]
-        return f"{meta['vocab_size']:,} pieces, {cpt} chars/token on held-out documents", meta
-
-    tok_meta = stages.run("tokenizer", tokenizer)
-    report["vocab_size"] = tok_meta["vocab_size"]
-
-    def shards():
-        build_shards(out / "corpus", out / "tokenizer", out / "shards", shard_tokens=20_000, val_every=8,
-                             context=settings.context, seed=seed, progress=False)
-        splits = verify_shards(out / "shards", out / "tokenizer", full=True)["splits"]
-        return (f"{', '.join(f'{s} {n:,} tokens' for s, n in splits.items())}; verified (sha256, boundaries, "
-                "tokenizer)"), splits
-
-    report["shard_tokens"] = stages.run("shards", shards)
-
-    def calibration():
-        result = calibrate([f"tiny:{settings.batch_size}"], hours=8.0, data_dir=str(out / "shards"),
-                           context=settings.context, steps=settings.calibrate_steps, warmup=1, cpu=cpu,
-                           log=lambda *_: None)
-        (out / "calibration.json").write_text(json.dumps(result, indent=2))
-        row = result["results"][0]
-        return (f"tiny x batch {row['batch']}: {row['tok_per_sec']:,.0f} tok/s -> {row['tokens_in_budget']:,} "
-                f"tokens in 8 h (D/N {row['d_over_n']:.0f})"), result
-
-    stages.run("calibrate", calibration)
-
-    def pretraining():
-        result = pretrain_with_kill(out / "shards", out, settings, cpu, seed, log)
-        (out / "killtest.json").write_text(json.dumps(result, indent=2))
-        plot_run(out / "run", out / "plots")
-        same = ("bit-identical to" if result["killed_bit_identical"] else
-                f"max |diff| {result['killed_diff']:.1e} from")
-        return (f"loss {result['loss_first']:.2f} -> {result['loss_last']:.2f} in {result['steps']} steps; SIGKILL "
-                f"at step {result['killed_at_steps'][0]}, resumed from step {result['resumed_from_step']}, "
-                f"{same} an uninterrupted run"), result
-
-    report["pretrain"] = stages.run("pretrain", pretraining)
-
-    def sft():
-        summary = finetune(out / "run" / "final", [out / "data" / "chat_train.jsonl"], out / "sft",
-                           lr=settings.sft_lr, max_steps=settings.sft_steps, batch_size=8, val_frac=0.1,
-                           eval_steps=max(settings.sft_steps // 4, 5), seed=seed, log=lambda *_: None, quiet=True,
-                           filters=ChatFilterSettings(min_char_freq=1))
-        release = out / "release"
-        release.mkdir()
-        for item in (out / "sft").iterdir():
-            if item.is_file() and item.name != "summary.json" and not item.name.startswith("training_args"):
-                shutil.copy2(item, release / item.name)
-        return (f"{summary['train_conversations']} conversations, val loss {summary['first_val_loss']:.3f} -> "
-                f"{summary['best_val_loss']:.3f} ({summary['counted_ratio']:.0%} of tokens counted)"), summary
-
-    report["sft"] = stages.run("sft", sft)
-    release = out / "release"
-
-    def evaluation():
-        with warnings.catch_warnings():  # short domains are flagged in the table (⚠) and the JSON instead
-            warnings.simplefilter("ignore", UserWarning)
-            result = cross_domain([out / "run" / "final", release], domains, max_chars=None)
-        for path in (out / "run" / "final", release):  # plus the shards' own validation split, per domain
-            model, tok = load_model_and_tokenizer(path)
-            for row in shard_domain_bpc(model, tok, out / "shards"):
-                if "bits_per_char" in row:
-                    result["records"].append({"model": path.name, **row, "domain": f"val:{row['domain']}"})
-        write_outputs(result, out / "eval" / "bpc.json")
-        items = load_questions(out / "data" / "questions.jsonl")[:settings.questions]
-        gen = generation_metrics(model, tok, items, {**SAMPLING, "max_new_tokens": settings.gen_max_new_tokens})
-        gen = {"model": "release", "questions": "questions.jsonl", **gen}
-        (out / "eval" / "gen.json").write_text(json.dumps(gen, indent=2, ensure_ascii=False), encoding="utf-8")
-        mine = {r["domain"]: r["bits_per_char"] for r in result["records"] if r["model"] == "release"}
-        return (", ".join(f"{d} {v:.2f}" for d, v in mine.items()) + " bits/char; repetition "
-                f"{gen['repetition_rate']}, topic {gen['topic_rate']}, broken {gen['broken_rate']}"), \
-            {"bits_per_char": mine, "generation": {k: gen[k] for k in ("repetition_rate", "topic_rate",
-                                                                        "broken_rate", "avg_reply_len")}}
-
-    report["eval"] = stages.run("eval", evaluation)
-
-    def leaks():
-        result = scan_for_leaks(out / "data" / "chat_heldout.txt", [out / "corpus", out / "data" / "chat_train.jsonl"])
-        (out / "eval" / "leaks.json").write_text(json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8")
-        return (f"{result['probes']} probes (self-test passed): "
-                f"{'LEAKED' if result['leaked'] else 'no held-out text in the corpus or SFT data'}"), result["leaked"]
-
-    report["leaked"] = stages.run("leaks", leaks)
-
-    def privacy():
-        probe = pii.probe_model(release, [out / "corpus"], progress=False)
-        (out / "eval" / "pii.json").write_text(json.dumps(probe, indent=2, ensure_ascii=False), encoding="utf-8")
-        shutil.copy2(out / "eval" / "pii.json", release / "pii.json")  # the upload checks it (not uploaded)
-        texts = prose_train or [r["text"] for r in
-                                map(json.loads, (out / "corpus" / "documents.jsonl").read_text().splitlines())]
-        canary = pii.canary_control(texts, out / "pii-canaries", count=settings.canaries,
-                                    steps=settings.canary_steps, seed=seed, log=lambda *_: None)
-        rows = ", ".join(f"{r['exact']}/{r['canaries']} at {r['repetitions']}x"
-                         for r in canary["planted_model"]["by_repetitions"])
-        return (f"{probe['tried']} corpus contacts tried, {probe['exact']} exact; canaries extracted {rows}, "
-                f"clean model {canary['clean_model']['exact_total']}"), {"probe": {k: probe[k] for k in (
-                    "tried", "exact", "partial")}, "canary_sensitive": canary["sensitive"]}
-
-    report["pii"] = stages.run("pii", privacy)
-
-    def card():
-        result = write_card(release, REPO_ID, [out])
-        return f"README.md; not measured: {', '.join(result['not_measured']) or 'nothing'}", result
-
-    stages.run("card", card)
-
-    def dry_run():
-        lines: list[str] = []
-        result = upload_model(release, REPO_ID, dry_run=True, log=lines.append)
-        (out / "upload-dry-run.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-        size = sum((release / f).stat().st_size for f in result["files"])
-        return (f"{len(result['files'])} files ({size / 2**20:.1f} MiB) would be uploaded, {len(result['skipped'])} "
-                "skipped; nothing sent"), result
-
-    report["upload"] = stages.run("upload", dry_run)
-
-    def load_check():
-        text = check_from_pretrained(release)
-        return f"AutoModelForCausalLM (remote code, no hitoban) says: {text[:40]!r}", text
-
-    report["from_pretrained_text"] = stages.run("load", load_check)
+    log(f"hitoban demo -> {out} (source {' '.join(source)}, {'quick' if quick else 'full'}, {report['device']})")
+    demo, stages = DemoRun(out, source, settings, cpu, seed, log), Stages(log)
+    for name in STAGES[:STAGES.index(until) + 1] if until else STAGES:
+        report[name] = stages.run(name, getattr(demo, name))
     report["stages"] = stages.rows
     report["seconds"] = round(time.time() - started, 1)
     (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
     write_report(out, report)
-    log("")
-    log(summary_table(report))
-    log(f"\ndone in {report['seconds']:.0f} s. Report: {out / 'report.md'}; model: {release} (chat with "
-        f"`hitoban chat {release}`)")
+    log("\n" + summary_table(report))
+    log(f"\ndone in {report['seconds']:.0f} s. Report: {out / 'report.md'}"
+        + (f"; model: {demo.release} (chat with `hitoban chat {demo.release}`)" if demo.release.exists() else ""))
     return report
 
 
