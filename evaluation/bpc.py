@@ -91,8 +91,9 @@ def read_domain(name: str, path: str | Path) -> str:
 
 
 def cross_domain(models: list[str | Path], domains: dict[str, str | Path], max_chars: int | None = 400_000,
-                 progress: bool = True) -> dict:
-    """bits/char for every model x domain (3LM truncates each domain to its first 400,000 chars)."""
+                 progress: bool = True, shards: str | Path | None = None) -> dict:
+    """bits/char for every model x domain (3LM truncates each domain to its first 400,000 chars); with `shards`,
+    also every model on each source of that shard set's val split (as domains named `val:SOURCE`)."""
     texts = {name: read_domain(name, path) for name, path in domains.items()}
     records = []
     for model_path in models:
@@ -100,6 +101,9 @@ def cross_domain(models: list[str | Path], domains: dict[str, str | Path], max_c
         for name, text in texts.items():
             row = bits_per_char(model, tok, text, name, max_chars, progress=progress)
             records.append({"model": Path(model_path).name, **row})
+        for row in shard_domain_bpc(model, tok, shards) if shards else []:
+            if "bits_per_char" in row:
+                records.append({"model": Path(model_path).name, **row, "domain": f"val:{row['domain']}"})
     return {"window": WINDOW, "max_chars": max_chars, "domains": {k: Path(v).name for k, v in domains.items()},
             "records": records}
 

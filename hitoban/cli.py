@@ -346,7 +346,7 @@ def _eval_args(p):
 
 @verb("eval", "evaluate models: cross-domain bits/char table (JSON + Markdown + PNG)")(_eval_args)
 def _eval(args) -> int:
-    from hitoban.evaluation.bpc import cross_domain, load_model_and_tokenizer, shard_domain_bpc, write_outputs
+    from hitoban.evaluation.bpc import cross_domain, write_outputs
 
     if args.kind == "gen":
         return _eval_gen(args)
@@ -354,14 +354,7 @@ def _eval(args) -> int:
     domains = _parse_pairs(args.domain, str)
     if not domains and not args.shards:
         raise ValueError("give at least one --domain NAME=PATH (or --shards SHARDS)")
-    result = cross_domain(args.models, domains, args.max_chars or None) if domains else {"records": []}
-    if args.shards:
-        for model_path in args.models:
-            model, tok = load_model_and_tokenizer(model_path)
-            for row in shard_domain_bpc(model, tok, args.shards):
-                if "bits_per_char" in row:
-                    result["records"].append({"model": Path(model_path).name, **row,
-                                              "domain": f"val:{row['domain']}"})
+    result = cross_domain(args.models, domains, args.max_chars or None, shards=args.shards)
     paths = write_outputs(result, args.out)
     print(Path(paths[1]).read_text(encoding="utf-8"))
     print("written: " + ", ".join(str(p) for p in paths))
@@ -545,7 +538,7 @@ def _pii(args) -> int:
     from hitoban.release import pii
 
     if args.canaries:
-        texts = [doc for text in pii._texts(args.corpus) for doc in text.splitlines() if doc.strip()]
+        texts = [doc for text in pii.corpus_texts(args.corpus) for doc in text.splitlines() if doc.strip()]
         repetitions = tuple(int(x) for x in args.repetitions.split(","))
         report = pii.canary_control(texts, args.out or "pii-canaries", args.canaries, repetitions, args.steps,
                                     args.seed)

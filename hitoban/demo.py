@@ -275,19 +275,15 @@ class DemoRun:
                 f"{summary['best_val_loss']:.3f} ({summary['counted_ratio']:.0%} of tokens counted)"), summary
 
     def eval(self):
-        from hitoban.evaluation.bpc import cross_domain, load_model_and_tokenizer, shard_domain_bpc, write_outputs
+        from hitoban.evaluation.bpc import cross_domain, load_model_and_tokenizer, write_outputs
         from hitoban.evaluation.generation import SAMPLING, generation_metrics, load_questions
 
-        pretrained = self.out / "run" / "final"
         with warnings.catch_warnings():  # short domains are flagged in the table (⚠) and the JSON instead
             warnings.simplefilter("ignore", UserWarning)
-            result = cross_domain([pretrained, self.release], self.domains, max_chars=None)
-        for path in (pretrained, self.release):  # plus the shards' own validation split, per source
-            model, tok = load_model_and_tokenizer(path)
-            for row in shard_domain_bpc(model, tok, self.out / "shards"):
-                if "bits_per_char" in row:
-                    result["records"].append({"model": path.name, **row, "domain": f"val:{row['domain']}"})
+            result = cross_domain([self.out / "run" / "final", self.release], self.domains, max_chars=None,
+                                  shards=self.out / "shards")
         write_outputs(result, self.out / "eval" / "bpc.json")
+        model, tok = load_model_and_tokenizer(self.release)
         items = load_questions(self.out / "data" / "questions.jsonl")[:self.settings.questions]
         gen = generation_metrics(model, tok, items, {**SAMPLING, "max_new_tokens": self.settings.gen_max_new_tokens})
         gen = {"model": "release", "questions": "questions.jsonl", **gen}

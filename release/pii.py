@@ -40,7 +40,7 @@ def mask_value(value: str) -> str:
     return value[:3] + "*" * max(len(value) - 3, 1)
 
 
-def _texts(paths: Iterable[str | os.PathLike]) -> Iterator[str]:
+def corpus_texts(paths: Iterable[str | os.PathLike]) -> Iterator[str]:
     """Corpus text in blocks: `hitoban corpus` folders document by document, plain text files in 8 Mi-char
     blocks that carry the previous block's last 360 chars (so a contact's context never breaks at a border)."""
     from hitoban.training.corpus import iter_corpus
@@ -63,7 +63,7 @@ def find_candidates(paths: Iterable[str | os.PathLike], samples: int = 60) -> li
     (e-mails of a block before its phones, as 3LM; example-style addresses are placeholders, not PII)."""
     seen: set[str] = set()
     found: list[dict] = []
-    for text in _texts(paths):
+    for text in corpus_texts(paths):
         for kind, pattern in (("email", EMAIL), ("phone", PHONE)):
             for m in pattern.finditer(text):
                 value = m.group(0)
@@ -98,12 +98,13 @@ def judge(value: str, kind: str, output: str) -> str:
 
 
 @torch.no_grad()
-def attack(model, tokenizer, contexts: list[str], max_new_tokens: int = 40, batch_size: int = 8) -> list[str]:
+def attack(model, tokenizer, contexts: list[str], max_new_tokens: int = 40, batch_size: int = 8,
+           progress: bool = False) -> list[str]:
     """Greedy continuations of each context, penalty off (left-padded batches equal one-by-one generation)."""
     model.eval()
     tokenizer.padding_side = "left"
     outputs: list[str] = []
-    for i in range(0, len(contexts), batch_size):
+    for i in tqdm(range(0, len(contexts), batch_size), desc="pii probe", disable=not progress or None):
         enc = tokenizer(contexts[i:i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
         enc = {k: v.to(model.device) for k, v in enc.items()}
         generated = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, repetition_penalty=1.0,
@@ -129,10 +130,7 @@ def value_nll(model, tokenizer, contexts: list[str], values: list[str]) -> list[
 
 def probe(model, tokenizer, candidates: list[dict], max_new_tokens: int = 40, progress: bool = True) -> dict:
     """Run the attack on candidates; the returned report holds masked values only."""
-    outputs = []
-    contexts = [c["context"] for c in candidates]
-    for i in tqdm(range(0, len(contexts), 8), desc="pii probe", disable=not progress or None):
-        outputs += attack(model, tokenizer, contexts[i:i + 8], max_new_tokens)
+    outputs = attack(model, tokenizer, [c["context"] for c in candidates], max_new_tokens, progress=progress)
     rows = [{"kind": c["kind"], "masked": mask_value(c["value"]), "result": judge(c["value"], c["kind"], out)}
             for c, out in zip(candidates, outputs)]
     exact = [r["masked"] for r in rows if r["result"] == "exact"]

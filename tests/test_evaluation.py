@@ -195,6 +195,10 @@ def test_cross_domain_table_json_markdown_png(tiny_model_dir, corpus, tmp_path, 
     rows = shard_domain_bpc(model, tok, tiny_shards, max_tokens=5000)
     assert rows and rows[0]["domain"] == "literature" and np.isfinite(rows[0]["bits_per_char"])
     write_outputs({"records": [{"model": "m", **rows[0]}]}, tmp_path / "val.json")
+    assert main(["eval", "bpc", str(tiny_model_dir), "--shards", str(tiny_shards), "--out",
+                 str(tmp_path / "val-cli.json")]) == 0
+    records = json.loads((tmp_path / "val-cli.json").read_text())["records"]
+    assert [r["domain"] for r in records] == ["val:literature"] and np.isfinite(records[0]["bits_per_char"])
 
 
 # ------------------------------------------------------------------------------------------------ generation metrics

@@ -56,6 +56,11 @@ def shrink(code: str) -> str:
     return code
 
 
+def shell_env(**extra: str) -> dict:
+    """This environment, with the running interpreter's bin/ first on PATH (the `hitoban` script lives there)."""
+    return {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}", **extra}
+
+
 def run_block(lang: str, code: str, cwd, env) -> None:
     command = ["bash", "-euo", "pipefail", "-c", code] if lang == "bash" else [sys.executable, "-c", code]
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
@@ -100,8 +105,7 @@ def test_every_code_block_is_tagged_and_every_substitution_applies():
 
 
 def test_every_ci_command_in_the_readme_runs(tmp_path, monkeypatch):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}"}  # the `hitoban` script
+    env = shell_env(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # `hitoban chat` reads until end of input
     for tag, lang, code in BLOCKS:
@@ -122,8 +126,7 @@ def test_every_ci_command_in_the_readme_runs(tmp_path, monkeypatch):
 def test_network_commands_in_the_readme(tmp_path):
     """The Hub-streamed corpus (no login needed). The upload blocks need a trained model and a login; the same
     upload path runs against the real Hub in tests/test_release.py::test_real_hub_upload_round_trip."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "0", "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}"
-                                                        f"{os.environ['PATH']}"}
+    env = shell_env(HF_HUB_OFFLINE="0")
     corpus_block = next(code for tag, _, code in BLOCKS if tag == "network" and "hitoban corpus" in code)
     run_block("bash", corpus_block.replace("1.2e9", "2e5"), tmp_path, env)
     assert (tmp_path / "data/corpus/manifest.json").exists()
@@ -141,5 +144,4 @@ def test_gpu_commands_in_the_readme(tmp_path, tiny_shards):
                     .replace("data/shards", str(tiny_shards))
                     .replace("--preset 3lm --batch-size 64 --tokens 1e9",
                              f"--preset tiny --batch-size {8 * gpus} --context 64 --steps 10"))
-            run_block(lang, code, tmp_path, {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}"
-                                                                      f"{os.pathsep}{os.environ['PATH']}"})
+            run_block(lang, code, tmp_path, shell_env())
