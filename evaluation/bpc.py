@@ -20,12 +20,14 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from hitoban.errors import InputError
+
 MARKERS = re.compile(r"<\|(?:user|assistant|end|unk)\|>")
 WINDOW = 256
 MIN_STABLE_WINDOWS = 8
 
 
-class BpcError(ValueError):
+class BpcError(InputError):
     """A domain or model that cannot be measured; the message names it."""
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from hitoban.errors import InputError
+
 SAMPLING = {"temperature": 0.8, "top_k": 40, "repetition_penalty": 1.15, "penalty_window": 64,
             "max_new_tokens": 200, "seed": 777}
 BETTER = {"repetition_rate": "lower", "topic_rate": "higher", "broken_rate": "lower", "avg_reply_len": None}
@@ -63,7 +65,7 @@ class TopKKeepTies(LogitsProcessor):
         return scores
 
 
-class QuestionsError(ValueError):
+class QuestionsError(InputError):
     """A malformed questions file; names the file and line."""
 
 

@@ -27,11 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
+from hitoban.errors import InputError
+
 MARKERS = re.compile(r"<\|(?:user|assistant|end|endoftext|unk)\|>")
 CHUNK = 16 * 2**20
 
 
-class LeakScanError(ValueError):
+class LeakScanError(InputError):
     """Bad input for the scan (missing or empty holdout/corpus) or a failed self-test."""
 
 

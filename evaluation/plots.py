@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hitoban.errors import InputError, MissingInputError
+
 
 def read_log(run: str | Path) -> dict:
     path = Path(run) / "log.jsonl"
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no training log (is this a `hitoban pretrain` run folder?)")
+        raise MissingInputError(f"{path}: no training log (is this a `hitoban pretrain` run folder?)")
     records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     return {"train": [r for r in records if r["type"] == "train"], "eval": [r for r in records if r["type"] == "eval"],
             "resume": [r for r in records if r["type"] == "resume"]}
@@ -27,7 +29,7 @@ def plot_run(run: str | Path, out: str | Path | None = None) -> list[Path]:
     run = Path(run)
     log = read_log(run)
     if not log["train"]:
-        raise ValueError(f"{run}/log.jsonl has no train records yet")
+        raise InputError(f"{run}/log.jsonl has no train records yet")
     out = Path(out or run / "plots")
     out.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7, 3.8))

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from hitoban.errors import ExitCode, HitobanError, UsageError
+
 VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 
 
@@ -100,7 +102,7 @@ def _parse_pairs(items: list[str] | None, kind=float) -> dict:
     for item in items or []:
         name, sep, value = item.partition("=")
         if not sep:
-            raise ValueError(f"expected NAME=VALUE, got {item!r}")
+            raise UsageError(f"expected NAME=VALUE, got {item!r}")
         pairs[name] = kind(float(value)) if kind is int else kind(value)
     return pairs
 
@@ -201,7 +203,7 @@ def _shards(args) -> int:
         print(f"shards OK: {result['shards']} files, tokens {result['splits']}")
         return 0
     if not (args.corpus and args.tokenizer and args.out):
-        raise ValueError("give --corpus, --tokenizer and --out (or --verify SHARDS)")
+        raise UsageError("give --corpus, --tokenizer and --out (or --verify SHARDS)")
     index = build_shards(args.corpus, args.tokenizer, args.out, args.shard_tokens, args.seed, args.val_every,
                          args.max_heldout_docs, args.context, args.dtype)
     verify_shards(args.out, args.tokenizer)
@@ -353,7 +355,7 @@ def _eval(args) -> int:
     args.out = args.out or "bpc.json"
     domains = _parse_pairs(args.domain, str)
     if not domains and not args.shards:
-        raise ValueError("give at least one --domain NAME=PATH (or --shards SHARDS)")
+        raise UsageError("give at least one --domain NAME=PATH (or --shards SHARDS)")
     result = cross_domain(args.models, domains, args.max_chars or None, shards=args.shards)
     paths = write_outputs(result, args.out)
     print(Path(paths[1]).read_text(encoding="utf-8"))
@@ -366,7 +368,7 @@ def _eval_gen(args) -> int:
     from hitoban.evaluation.generation import compare, generation_metrics, load_questions
 
     if not args.questions:
-        raise ValueError("eval gen needs --questions FILE (e.g. ../shared/corpus/3lm-eval/questions.jsonl)")
+        raise UsageError("eval gen needs --questions FILE (e.g. ../shared/corpus/3lm-eval/questions.jsonl)")
     items = load_questions(args.questions)
     model, tok = load_model_and_tokenizer(args.models[0])
 
@@ -550,7 +552,7 @@ def _pii(args) -> int:
               f"extracted {report['planted_model']['exact_total']}, clean model {report['clean_model']['exact_total']}")
         return 0 if report["sensitive"] else 1
     if not args.model:
-        raise ValueError("give MODEL to attack (or --canaries N for the sensitivity control)")
+        raise UsageError("give MODEL to attack (or --canaries N for the sensitivity control)")
     report = pii.probe_model(args.model, args.corpus, args.samples, args.max_new_tokens)
     for row in report["candidates"]:
         if row["result"] != "none":
@@ -701,9 +703,13 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv  # the command as given (`pretrain --supervise` relaunches exactly it)
     try:
         return args.handler(args)
-    except (ValueError, OSError, RuntimeError, MemoryError) as err:
+    except HitobanError as err:  # something the user can act on: one line and its named exit code
         print(f"hitoban {args.verb}: error: {err}", file=sys.stderr)
-        return 3 if type(err).__name__ == "TrainingDiverged" else 2
+        return int(err.exit_code)
+    except KeyboardInterrupt:
+        print(f"hitoban {args.verb}: interrupted", file=sys.stderr)
+        return int(ExitCode.INTERRUPTED)
+    # anything else is a bug or an environment failure (CUDA OOM, a torch internal): its traceback is shown
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from hitoban.doctor import builtin_documents
+from hitoban.errors import OutputExistsError, UsageError
 
 HELD_OUT_EVERY = 7  # every 7th builtin document / dialogue is kept out of training for evaluation
 REPO_ID = "your-name/hitoban-demo"
@@ -359,11 +360,11 @@ def run_demo(out: str | os.PathLike = "hitoban-demo", source: list[str] | None =
     import torch
 
     if until is not None and until not in STAGES:
-        raise ValueError(f"--until must be one of {', '.join(STAGES)}")
+        raise UsageError(f"--until must be one of {', '.join(STAGES)}")
     started = time.time()
     out = Path(out)
     if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"{out} already exists and is not empty; remove it or choose another --out")
+        raise OutputExistsError(f"{out} already exists and is not empty; remove it or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     source = source or ["builtin"]
     settings = DemoSettings.quick() if quick else DemoSettings()

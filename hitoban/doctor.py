@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from hitoban.errors import CheckFailed
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
 from hitoban.training.tokenizer import train_tokenizer_from_texts
 
@@ -92,5 +93,5 @@ def run_doctor(out: str | Path, steps: int = 200, seed: int = 0, vocab_size: int
     if diff > 1e-5 or not same_text:
         problems.append("the reloaded model differs from the saved one")
     if problems:
-        raise RuntimeError("hitoban doctor failed: " + "; ".join(problems))
+        raise CheckFailed("hitoban doctor failed: " + "; ".join(problems))
     return report

@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from hitoban.errors import CheckFailed, OutputExistsError
+
 from .configuration_hitoban import HitobanConfig
 from .modeling_hitoban import HitobanForCausalLM
 
@@ -84,7 +86,7 @@ def export_llama(src: str | os.PathLike, dst: str | os.PathLike, atol: float = 1
     """Write `dst` as a LlamaForCausalLM folder (+ tokenizer files) after checking it computes what `src` does."""
     dst = Path(dst)
     if dst.exists():
-        raise FileExistsError(f"{dst} already exists; choose a new folder")
+        raise OutputExistsError(f"{dst} already exists; choose a new folder")
     ours = HitobanForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
     llama = to_llama(ours)
     max_diff = compare_logits(ours, llama, ours.config.vocab_size, seq_len=min(64, ours.config.max_position_embeddings))
@@ -92,7 +94,7 @@ def export_llama(src: str | os.PathLike, dst: str | os.PathLike, atol: float = 1
     greedy = dict(max_new_tokens=16, do_sample=False, pad_token_id=ours.config.pad_token_id)
     same_greedy = torch.equal(ours.generate(prompt, **greedy), llama.generate(prompt, **greedy))
     if max_diff > atol or not same_greedy:
-        raise RuntimeError(f"Llama export does not match: max |logit diff| {max_diff:.3g}, greedy equal {same_greedy}")
+        raise CheckFailed(f"Llama export does not match: max |logit diff| {max_diff:.3g}, greedy equal {same_greedy}")
     dst.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dst.parent, prefix=f".{dst.name}.tmp") as tmp:
         staged = Path(tmp) / "llama"

@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from hitoban.errors import InputError, MissingInputError, OutputExistsError, UsageError
+
 from .configuration_hitoban import HitobanConfig
 from .modeling_hitoban import HitobanForCausalLM
 
@@ -48,7 +50,7 @@ _FORMAT_NAMES = {
 }
 
 
-class CheckpointFormatError(ValueError):
+class CheckpointFormatError(InputError):
     """The source does not look like the format it was given as (names the offending tensors or keys)."""
 
 
@@ -167,12 +169,12 @@ def import_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, fmt: str |
     """Convert `src` (3LM folder or zxell .pt) into a hitoban folder at `dst` (written to a temp dir, then renamed)."""
     src, dst = Path(src), Path(dst)
     if not src.exists():
-        raise FileNotFoundError(f"{src} does not exist")
+        raise MissingInputError(f"{src} does not exist")
     if dst.exists():
-        raise FileExistsError(f"{dst} already exists; choose a new folder")
+        raise OutputExistsError(f"{dst} already exists; choose a new folder")
     fmt = fmt or detect_format(src)
     if fmt not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r}; choose one of {FORMATS}")
+        raise UsageError(f"unknown format {fmt!r}; choose one of {FORMATS}")
     config, weights, spm_model = (_load_3lm if fmt == "3lm" else _load_zxell)(src)
     state = rename_weights(weights, fmt, config.num_hidden_layers)
     gate_up = state["model.layers.0.mlp.gate_up_proj.weight"]

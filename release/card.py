@@ -12,6 +12,8 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from hitoban.errors import MissingInputError
+
 NOT_MEASURED = "not measured"
 ARTEFACTS = {  # key -> file name searched for under the model folder and --from folders
     "manifest": "manifest.json", "tokenizer": "tokenizer_meta.json", "bpc": "bpc.json", "gen": "gen.json",
@@ -75,7 +77,7 @@ def build_card(model_dir: str | os.PathLike, repo: str, search: list[str | os.Pa
     """Returns (card, numbers): `numbers` is every measured value the card shows, with the file it came from."""
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").exists():
-        raise FileNotFoundError(f"{model_dir}: no config.json; give a from_pretrained model folder")
+        raise MissingInputError(f"{model_dir}: no config.json; give a from_pretrained model folder")
     paths = find_artefacts(model_dir, [Path(p) for p in search])
     art = _load(paths)
     total, non_embedding, config = count_parameters(model_dir)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from hitoban.errors import MissingInputError
 from hitoban.training.filters import EMAIL, EXAMPLE_DOMAIN, PHONE, _phone_digit_count_ok
 
 CONTEXT_CHARS = 120
@@ -50,7 +51,7 @@ def corpus_texts(paths: Iterable[str | os.PathLike]) -> Iterator[str]:
             yield from (record["text"] for record in iter_corpus(path))
             continue
         if not path.exists():
-            raise FileNotFoundError(f"{path}: no such corpus file")
+            raise MissingInputError(f"{path}: no such corpus file")
         tail = ""
         with open(path, encoding="utf-8", errors="replace") as f:
             while block := f.read(BLOCK_CHARS):

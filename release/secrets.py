@@ -14,6 +14,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from hitoban.errors import InputError, MissingInputError
+
 RULES: dict[str, re.Pattern] = {
     "hf-token": re.compile(r"\bhf_[A-Za-z0-9]{20,}"),
     "openai-key": re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"),
@@ -92,7 +94,7 @@ def scan_directory(root: str | os.PathLike) -> list[Finding]:
     """Contents and names of every file under `root`, skipping caches and virtualenvs."""
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"{root}: not a directory")
+        raise MissingInputError(f"{root}: not a directory")
     relative_paths = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".venv"))
@@ -107,7 +109,7 @@ def scan_git_history(root: str | os.PathLike, timeout: int = 300) -> list[Findin
                               "--format=commit %H"], capture_output=True, text=True, errors="replace",
                              timeout=timeout, check=True).stdout
     except subprocess.CalledProcessError as err:
-        raise RuntimeError(f"{root}: git log failed ({err.stderr.strip()}); is it a git repository?") from err
+        raise InputError(f"{root}: git log failed ({err.stderr.strip()}); is it a git repository?") from err
     findings, commit, path, line_no = [], "", "", 0
     for line in log.splitlines():
         if line.startswith("commit "):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from huggingface_hub.utils import filter_repo_objects
 
+from hitoban.errors import CheckFailed, MissingInputError, UsageError
 from hitoban.release.secrets import scan_files
 
 MODEL_ALLOW = ["model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json", "config.json",
@@ -32,7 +33,7 @@ NEVER = ["optimizer*", "*optimizer*.safetensors", "*.pt", "*.pth", "*.ckpt", "tr
 WEIGHTS = ["model.safetensors", "model.safetensors.index.json"]
 
 
-class UploadRefused(RuntimeError):
+class UploadRefused(CheckFailed):
     """The upload was refused; the message lists every reason and what to do about it."""
 
 
@@ -72,9 +73,9 @@ def plan_upload(folder: str | os.PathLike, repo: str, repo_type: str = "model", 
     """Resolve the payload and every reason to refuse it (nothing is sent)."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise FileNotFoundError(f"{folder}: not a folder")
+        raise MissingInputError(f"{folder}: not a folder")
     if repo.count("/") != 1:
-        raise ValueError(f"--repo must be OWNER/NAME, got {repo!r}")
+        raise UsageError(f"--repo must be OWNER/NAME, got {repo!r}")
     everything = _all_files(folder)
     sizes = dict(everything)
     patterns = (allow or (MODEL_ALLOW if repo_type == "model" else SPACE_ALLOW)) + list(include or [])

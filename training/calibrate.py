@@ -28,12 +28,22 @@ def device_for(cpu: bool) -> torch.device:
     return torch.device("cpu")
 
 
-def peak_memory_gb(device: torch.device) -> float:
+def synchronize(device: torch.device) -> None:
+    """Wait for queued kernels: CUDA and MPS run asynchronously, so a clock read without this times the queueing."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def memory_gb(device: torch.device) -> tuple[float, str]:
+    """(GiB, what the number is): a true peak on CUDA and CPU; MPS has no peak counter, so its value is the
+    memory the driver holds *now*, labelled as such."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30, "peak"
     if device.type == "mps":
-        return torch.mps.driver_allocated_memory() / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # process peak RSS (Linux: KiB)
+        return torch.mps.driver_allocated_memory() / 2**30, "current (MPS has no peak counter)"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "peak RSS"  # Linux: KiB
 
 
 def measure(preset: str, batch: int, vocab_size: int, context: int | None, steps: int, warmup: int,
@@ -61,19 +71,19 @@ def measure(preset: str, batch: int, vocab_size: int, context: int | None, steps
 
     for i in range(warmup):
         step(i)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    synchronize(device)
     start = time.perf_counter()
     for i in range(warmup, warmup + steps):
         step(i)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    synchronize(device)
     seconds = time.perf_counter() - start
+    memory, memory_kind = memory_gb(device)
     params = sum(p.numel() for p in model.parameters())
     non_embedding = params - model.model.embed_tokens.weight.numel()
     return {"label": f"{preset} b{batch}", "preset": preset, "batch": batch, "context": context, "params": params,
             "non_embedding": non_embedding, "tokens_per_step": batch * context,
-            "tok_per_sec": steps * batch * context / seconds, "peak_gb": peak_memory_gb(device)}
+            "tok_per_sec": steps * batch * context / seconds, "peak_gb": memory,
+            "memory_kind": memory_kind}
 
 
 def calibrate(candidates: list[str], hours: float = 8.0, data_dir: str | None = None, vocab_size: int = 32000,

@@ -19,10 +19,12 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hitoban.errors import InputError
+
 LINE_FORMAT = re.compile(r"<\|user\|>(.*?)<\|assistant\|>(.*?)<\|end\|>", re.DOTALL)
 
 
-class ChatDataError(ValueError):
+class ChatDataError(InputError):
     """A malformed chat file or line; the message names the file and line."""
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from hitoban.errors import HitobanError
 from hitoban.training.tokenizer import TOKENIZER_FILES
 
 SLOTS = ("ckpt-A", "ckpt-B")
@@ -24,7 +25,7 @@ SLOTS = ("ckpt-A", "ckpt-B")
 PAUSE_IN_SAVE_ENV = "HITOBAN_PAUSE_IN_SAVE"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(HitobanError, RuntimeError):
     """A checkpoint cannot be written or does not fit this run; the message says what to do."""
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from hitoban.errors import InputError, OutputExistsError
 from hitoban.training.filters import DocumentFilter, FilterSettings, PIIMasker
 
 # Pinned revisions (3LM's): a rebuilt corpus is the same corpus.
@@ -35,7 +36,7 @@ HUB_SOURCES = {
 DEFAULT_SHARES = {"aozora": 0.10}  # 3LM: Aozora 10%, FineWeb-2 the rest
 
 
-class CorpusInputError(ValueError):
+class CorpusInputError(InputError):
     """Bad input (unreadable file, wrong encoding, nothing usable): the message names the file and what to do."""
 
 
@@ -209,7 +210,7 @@ def build_corpus(
     started = time.time()
     out = Path(out)
     if out.exists():
-        raise FileExistsError(f"{out} already exists; remove it or choose another --out")
+        raise OutputExistsError(f"{out} already exists; remove it or choose another --out")
     if not sources:
         raise CorpusInputError("no sources: give --input PATH and/or --source NAME")
     settings = settings or FilterSettings()

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from hitoban.errors import UsageError
 from hitoban.training.checkpoint import PAUSE_IN_SAVE_ENV, current_slot
 
 
@@ -166,7 +167,7 @@ def run_killtest(data: str | os.PathLike, work: str | os.PathLike, steps: int = 
             control_source = work / "noopt"
             shutil.copytree(killed, control_source)
     if control_source is None:
-        raise RuntimeError("the first kill came before any checkpoint; use more --steps")
+        raise UsageError("the first kill came before any checkpoint; use more --steps")
     (current_slot(control_source) / "optimizer.safetensors").unlink()
     run_to_end(killed, control_source)
     identical = bit_identical(work / "base1", killed)

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from hitoban.errors import ExitCode, HitobanError, ResourceError, UsageError
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
 from hitoban.training.checkpoint import (
     CheckpointError,
@@ -42,8 +43,10 @@ from hitoban.training.optim import AdamW, lr_at
 from hitoban.training.shards import load_index, sha256_file
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(HitobanError, RuntimeError):
     """Loss or gradient became NaN/inf; the last good checkpoint is untouched."""
+
+    exit_code = ExitCode.DIVERGED
 
 
 @dataclass
@@ -188,12 +191,12 @@ def pretrain(cfg: PretrainConfig) -> dict:
     context = cfg.context or config.max_position_embeddings
     config.max_position_embeddings = max(config.max_position_embeddings, context)
     if cfg.batch_size % (world * cfg.grad_accum):
-        raise ValueError(f"--batch-size {cfg.batch_size} must be divisible by processes x grad accumulation "
+        raise UsageError(f"--batch-size {cfg.batch_size} must be divisible by processes x grad accumulation "
                          f"({world} x {cfg.grad_accum})")
     micro = cfg.batch_size // (world * cfg.grad_accum)
     tokens_per_step = cfg.batch_size * context
     if (cfg.tokens is None) == (cfg.steps is None):
-        raise ValueError("give exactly one of --tokens or --steps")
+        raise UsageError("give exactly one of --tokens or --steps")
     total_steps = cfg.steps if cfg.steps else max(1, cfg.tokens // tokens_per_step)
 
     if device.type in ("cuda", "mps") and cfg.memory_cap_gb:
@@ -203,7 +206,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
         (torch.cuda if device.type == "cuda" else torch.mps).set_per_process_memory_fraction(fraction)
     need, have = estimate_memory_bytes(config, micro, context), available_memory_bytes(device)
     if have is not None and need > 0.9 * have and not cfg.skip_memory_check:
-        raise MemoryError(f"this run needs about {need / 2**30:.1f} GiB but {have / 2**30:.1f} GiB are free on "
+        raise ResourceError(f"this run needs about {need / 2**30:.1f} GiB but {have / 2**30:.1f} GiB are free on "
                           f"{device}; lower --batch-size (or use --grad-accum), close other programs, or pass "
                           "--skip-memory-check")
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from transformers import DataCollatorForSeq2Seq
 
+from hitoban.errors import InputError
 from hitoban.training.chat_data import ChatFilter, ChatFilterSettings, read_conversations, read_holdout_pairs
 
 CHECK_CONVERSATIONS = [
@@ -27,7 +28,7 @@ CHECK_CONVERSATIONS = [
 ]
 
 
-class MaskError(ValueError):
+class MaskError(InputError):
     """The assistant mask is wrong or degenerate; training must not start."""
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from hitoban.errors import InputError, OutputExistsError
 from hitoban.training.corpus import iter_corpus, load_manifest
 from hitoban.training.tokenizer import SPECIAL_TOKENS, TOKENIZER_FILES, load_tokenizer
 
@@ -37,7 +38,7 @@ FORMAT = "hitoban-shards/1 (zxell layout)"
 SHARD_TOKENIZER_FILES = (*TOKENIZER_FILES, "tokenizer_meta.json", "sentencepiece.model")
 
 
-class ShardError(ValueError):
+class ShardError(InputError):
     """A shard set is incomplete, edited, or does not belong to the given tokenizer; names the file."""
 
 
@@ -140,7 +141,7 @@ def build_shards(
     started = time.time()
     corpus, tokenizer, out = Path(corpus), Path(tokenizer), Path(out)
     if out.exists():
-        raise FileExistsError(f"{out} already exists; remove it or choose another --out")
+        raise OutputExistsError(f"{out} already exists; remove it or choose another --out")
     manifest = load_manifest(corpus)
     tok = load_tokenizer(tokenizer)
     vocab = len(tok)

@@ -23,6 +23,8 @@ import sentencepiece as spm
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from hitoban.errors import InputError, OutputExistsError
+
 UNK, USER, ASSISTANT, END = "<|unk|>", "<|user|>", "<|assistant|>", "<|end|>"
 SPECIAL_TOKENS = [UNK, USER, ASSISTANT, END]
 # The files that make a saved tokenizer folder loadable with AutoTokenizer (copied into checkpoints and shards).
@@ -116,7 +118,7 @@ def train_sentencepiece(
 
     lines = sum(1 for _ in open(sample_path, encoding="utf-8"))
     if lines == 0:
-        raise ValueError("the tokenizer training sample is empty: the corpus has no usable text")
+        raise InputError("the tokenizer training sample is empty: the corpus has no usable text")
     spm.set_random_generator_seed(seed)
     model = io.BytesIO()
     try:
@@ -147,12 +149,12 @@ def train_sentencepiece(
         )
     except RuntimeError as err:
         if "Vocabulary size too high" in str(err):
-            raise ValueError(
+            raise InputError(
                 f"the corpus is too small for a vocabulary of {vocab_size} ({str(err).split('. ')[-2]}); "
                 "use a smaller --vocab-size or more text"
             ) from err
         if "smaller than required_chars" in str(err):
-            raise ValueError(
+            raise InputError(
                 f"a vocabulary of {vocab_size} cannot hold every character of the sample plus the 260 special and "
                 f"byte pieces ({str(err).split('required_chars. ')[-1].split('.')[0]}); use a larger --vocab-size"
             ) from err
@@ -221,7 +223,7 @@ def train_tokenizer_from_texts(
                 "sample": sample_stats, "special_tokens": SPECIAL_TOKENS}
         (staged / "tokenizer_meta.json").write_text(json.dumps(meta, ensure_ascii=False, indent=2), encoding="utf-8")
         if out_dir.exists():
-            raise FileExistsError(f"{out_dir} already exists; remove it or choose another --out")
+            raise OutputExistsError(f"{out_dir} already exists; remove it or choose another --out")
         os.replace(staged, out_dir)
     return meta
 
@@ -232,7 +234,7 @@ def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
     for marker in SPECIAL_TOKENS:
         ids = tok.convert_tokens_to_ids(marker)
         if ids is None or ids == tok.unk_token_id and marker != UNK:
-            raise ValueError(f"{path}: tokenizer has no single token for {marker}; it is not a hitoban tokenizer")
+            raise InputError(f"{path}: tokenizer has no single token for {marker}; it is not a hitoban tokenizer")
     return tok
 
 

@@ -1,0 +1,62 @@
+"""User-facing errors and the `hitoban` command's exit codes, in one leaf module every area may import.
+
+A `HitobanError` is something the user can act on (bad input, a refusal, a resume that does not fit, a diverged
+run, nothing measured): the CLI prints its message in one line and exits with its code. Anything else is a bug or
+an environment failure (CUDA out of memory, a torch internal error) and shows its full traceback.
+Each class also derives from the built-in exception it replaces, so `except ValueError` keeps working.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    CHECK_FAILED = 1  # a gate found something: a leak, a PII reproduction, a failed kill test, a refused upload
+    BAD_INPUT = 2  # wrong arguments or unusable input (argparse uses 2 as well)
+    DIVERGED = 3  # the loss or the gradient became NaN/inf; the last good checkpoint is untouched
+    NOT_MEASURED = 4  # a measurement had nothing to measure (e.g. the PII probe found no contact to try)
+    INTERRUPTED = 130
+
+
+class HitobanError(Exception):
+    """Base of every error the user can act on; `exit_code` is what `hitoban` exits with."""
+
+    exit_code: int = ExitCode.BAD_INPUT
+
+
+class UsageError(HitobanError, ValueError):
+    """Arguments that do not fit together (e.g. neither --tokens nor --steps)."""
+
+
+class InputError(HitobanError, ValueError):
+    """Input data that cannot be used: empty, malformed, of the wrong kind."""
+
+
+class MissingInputError(HitobanError, FileNotFoundError):
+    """A path the user gave does not exist."""
+
+
+class OutputExistsError(HitobanError, FileExistsError):
+    """An output folder already exists and would be overwritten."""
+
+
+class ResourceError(HitobanError, MemoryError):
+    """Not enough memory or disk for what was asked; the message says what to lower."""
+
+
+class CheckFailed(HitobanError, RuntimeError):
+    """A gate refused: a leak, an exact PII reproduction, a failed control, a refused upload."""
+
+    exit_code = ExitCode.CHECK_FAILED
+
+
+class NotMeasured(HitobanError, RuntimeError):
+    """A measurement found nothing to measure; never to be read as "nothing found"."""
+
+    exit_code = ExitCode.NOT_MEASURED
+
+
+__all__ = ["ExitCode", "HitobanError", "UsageError", "InputError", "MissingInputError", "OutputExistsError",
+           "ResourceError", "CheckFailed", "NotMeasured"]
