@@ -232,6 +232,9 @@ def _pretrain_args(p):
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--resume", choices=["auto", "never"], default="auto")
+    p.add_argument("--allow-change", metavar="OPTION,...",
+                   help="resume even though these options differ from the checkpoint's (e.g. lr,total_steps); "
+                        "the change is recorded in log.jsonl")
     p.add_argument("--save-every-steps", type=int)
     p.add_argument("--save-every-min", type=float, default=10.0)
     p.add_argument("--eval-every", type=int, default=500)
@@ -266,7 +269,8 @@ def _pretrain(args) -> int:
         seed=args.seed, resume=args.resume, save_every_steps=args.save_every_steps, save_every_min=args.save_every_min,
         eval_every=args.eval_every, eval_batches=args.eval_batches, log_every=args.log_every,
         max_hours=args.max_hours, precision=args.precision, cpu=args.cpu, memory_cap_gb=args.memory_cap_gb,
-        skip_memory_check=args.skip_memory_check, progress=not args.no_progress)
+        skip_memory_check=args.skip_memory_check, progress=not args.no_progress,
+        allow_change=args.allow_change)
     pretrain(cfg)
     return 0
 

@@ -143,16 +143,38 @@ def load_checkpoint(slot: Path, model, optimizer) -> dict:
     return train_state
 
 
-def check_resumable(train_state: dict, fingerprint: dict) -> None:
-    """Refuse to resume a run whose model config, tokenizer or data changed (SPEC §5)."""
+STRUCTURAL = ("model_config", "tokenizer_sha256", "data_index_sha256")  # never changeable on resume
+
+
+class ResumeMismatch(CheckpointError):
+    """The run's options differ from the checkpoint's; the message names each change."""
+
+
+def check_resumable(train_state: dict, fingerprint: dict, allow: frozenset[str] | set[str] = frozenset()) -> dict:
+    """Refuse to resume when anything that shapes the trajectory changed (SPEC §5): model config, tokenizer, data,
+    and every training option in the fingerprint. Options named in `allow` may change (returned as
+    {option: [old, new]} for the log); options an older checkpoint did not record are returned under "unrecorded"."""
     saved = train_state.get("fingerprint", {})
-    changed = [key for key in ("model_config", "tokenizer_sha256", "data_index_sha256", "seed", "batch_size",
-                               "context") if saved.get(key) != fingerprint.get(key)]
-    if changed:
-        raise CheckpointError(
-            f"changed settings/tokenizer: {', '.join(changed)} differ from the checkpoint's. Start a new checkpoint "
-            "(another --out, or --resume never to overwrite) or restore the original settings"
-        )
+    changes = {key: [saved[key], value] for key, value in fingerprint.items() if key in saved and saved[key] != value}
+    refused = {k: v for k, v in changes.items() if k in STRUCTURAL or k not in allow}
+    if refused:
+        described = []
+        for key, (old, new) in refused.items():
+            if key == "model_config":
+                fields = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+                described.append(f"model config ({', '.join(f'{f} {old.get(f)} -> {new.get(f)}' for f in fields)})")
+            elif key in STRUCTURAL:
+                described.append(f"{key.replace('_sha256', '')} (sha256 {str(old)[:12]} -> {str(new)[:12]})")
+            else:
+                described.append(f"{key} {old} -> {new}")
+        allowable = [k for k in refused if k not in STRUCTURAL]
+        raise ResumeMismatch(
+            f"changed settings/tokenizer since the checkpoint: {'; '.join(described)}. Restore the original options, "
+            "or start a new run (another --out, or --resume never to overwrite)"
+            + (f", or accept the change deliberately with --allow-change {','.join(allowable)} (recorded in the log)"
+               if allowable else "; the model config, tokenizer and data can never change within a run"))
+    unrecorded = sorted(k for k in fingerprint if k not in saved)
+    return {**changes, **({"unrecorded": unrecorded} if unrecorded else {})}
 
 
 def export_final(run: Path, slot: Path, metrics: dict) -> Path:

@@ -29,7 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hitoban.errors import ExitCode, HitobanError, ResourceError, UsageError
-from hitoban.modeling import HitobanConfig, HitobanForCausalLM
+from hitoban.modeling import PRESETS, HitobanConfig, HitobanForCausalLM
 from hitoban.training.checkpoint import (
     CheckpointError,
     check_resumable,
@@ -79,6 +79,38 @@ class PretrainConfig:
     memory_cap_gb: float | None = None
     skip_memory_check: bool = False
     progress: bool = True
+    allow_change: str | None = None  # comma-separated options that may differ from the checkpoint's on resume
+
+
+# Options that change the training trajectory: a resume with any of them changed is refused unless allowed.
+TRAJECTORY_OPTIONS = ("seed", "batch_size", "context", "grad_accum", "lr", "min_lr_ratio", "warmup_frac",
+                      "weight_decay", "grad_clip", "adam_bias_correction", "dropout", "precision", "total_steps")
+
+
+def trajectory_fingerprint(cfg: PretrainConfig, config: HitobanConfig, index: dict, data_index_sha256: str,
+                           context: int, total_steps: int, precision: str) -> dict:
+    """Everything a resumed run must share with its checkpoint to continue the same trajectory."""
+    model_config = config.to_diff_dict()
+    for key in ("transformers_version", "dropout"):  # dropout is named on its own, so a refusal can say so
+        model_config.pop(key, None)
+    values = {**{k: getattr(cfg, k) for k in TRAJECTORY_OPTIONS if hasattr(cfg, k)}, "context": context,
+              "total_steps": total_steps, "precision": precision}
+    return {"model_config": model_config, "tokenizer_sha256": index["tokenizer"]["sha256"],
+            "data_index_sha256": data_index_sha256, **{k: values[k] for k in TRAJECTORY_OPTIONS}}
+
+
+def allowed_changes(option: str | None) -> set[str]:
+    names = {name.strip().replace("-", "_") for name in (option or "").split(",") if name.strip()}
+    unknown = sorted(names - set(TRAJECTORY_OPTIONS))
+    if unknown:
+        raise UsageError(f"--allow-change: unknown option(s) {unknown}; choose from {', '.join(TRAJECTORY_OPTIONS)}")
+    return names
+
+
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """The torch seed for one step on one process: a resumed run draws the same dropout masks as an uninterrupted
+    one without saving any RNG state, on any number of processes."""
+    return int(np.random.SeedSequence([seed, step, rank]).generate_state(1, np.uint64)[0])
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
@@ -187,6 +219,8 @@ def pretrain(cfg: PretrainConfig) -> dict:
 
     train = ShardReader(data, "train")
     val = ShardReader(data, "val", verify=False) if index["splits"]["val"]["tokens"] else None
+    if cfg.preset not in PRESETS:
+        raise UsageError(f"unknown --preset {cfg.preset!r}; choose one of {', '.join(PRESETS)}")
     config = HitobanConfig.from_preset(cfg.preset, vocab_size=index["tokenizer"]["vocab_size"], dropout=cfg.dropout)
     context = cfg.context or config.max_position_embeddings
     config.max_position_embeddings = max(config.max_position_embeddings, context)
@@ -210,10 +244,8 @@ def pretrain(cfg: PretrainConfig) -> dict:
                           f"{device}; lower --batch-size (or use --grad-accum), close other programs, or pass "
                           "--skip-memory-check")
 
-    fingerprint = {"model_config": config.to_diff_dict(), "tokenizer_sha256": index["tokenizer"]["sha256"],
-                   "data_index_sha256": sha256_file(data / "shards_index.json"), "seed": cfg.seed,
-                   "batch_size": cfg.batch_size, "context": context}
-    fingerprint["model_config"].pop("transformers_version", None)
+    fingerprint = trajectory_fingerprint(cfg, config, index, sha256_file(data / "shards_index.json"), context,
+                                         total_steps, precision)
     torch.manual_seed(cfg.seed)
     model = HitobanForCausalLM(config)
     optimizer = AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
@@ -225,7 +257,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
     slot = current_slot(run) if cfg.resume == "auto" and run.exists() else None
     if slot is not None:
         saved = json.loads((slot / "train_state.json").read_text())
-        check_resumable(saved, fingerprint)
+        changes = check_resumable(saved, fingerprint, allowed_changes(cfg.allow_change))
         saved = load_checkpoint(slot, model, optimizer)
         if not saved.pop("optimizer_restored"):
             print(f"warning: {slot.name} has no optimizer state; moments restart from zero", flush=True)
@@ -258,6 +290,9 @@ def pretrain(cfg: PretrainConfig) -> dict:
     if slot is not None and main:
         print(f"# resumed at step {start_step} (resume {state['resumes']}, from {slot.name})", flush=True)
         log({"type": "resume", "step": start_step, "resumes": state["resumes"]})
+        if changes:
+            print(f"# resumed with deliberate changes (--allow-change): {changes}", flush=True)
+            log({"type": "change", "step": start_step, "changes": changes})
     if main:
         non_embedding = sum(p.numel() for n, p in unwrapped.named_parameters() if "embed_tokens" not in n)
         print(f"pretrain: {cfg.preset} {sum(p.numel() for p in unwrapped.parameters()) / 1e6:.2f}M params "
@@ -311,6 +346,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, total_steps, cfg.lr, cfg.warmup_frac, cfg.min_lr_ratio)
         model.train()
+        torch.manual_seed(step_seed(cfg.seed, step, rank))  # dropout noise: a pure function of (seed, step, rank)
         loss_sum = torch.zeros((), device=device)
         rows = train.batch(cfg.seed, step + 1, cfg.batch_size, context, rank, world)  # this rank's rows
         for m in range(cfg.grad_accum):
