@@ -1,9 +1,16 @@
-"""bits per character, exactly as 3LM defines it (SPEC §7, 3LM §11.1), and the cross-domain table.
+"""bits per character, with every character of the text scored exactly once (SPEC §7, 3LM §11.1), and the
+cross-domain table.
 
-ids = the whole text encoded at once; non-overlapping windows of 257 tokens at 0, 256, 512, ... (tail dropped), each
-scored independently (no carried context); nats summed over the 256 predicted positions of every window;
-bits/char = nats / ln 2 / (characters x scored_ratio), where characters exclude chat markers and scored_ratio =
-windows x 256 / (tokens - 1). The denominator is characters, so models with different tokenizers compare fairly.
+3LM's definition is kept where it is exact: the whole text encoded at once, windows of 256 predicted tokens, each
+scored independently (no carried context), nats summed, / ln 2 / characters, so models with different tokenizers
+compare fairly. Two of its estimates are replaced by exact counts:
+- coverage: 3LM dropped the tail window and scaled the character count by windows·256/(tokens−1). Here the first
+  token is predicted from the document separator (`<|end|>`, what precedes every document in pretraining) and the
+  last, shorter window is scored too, so every token is predicted exactly once and the denominator is the true
+  character count. The tokenizer's offsets must cover every character (checked, not assumed).
+- chat markers (`<|user|>`, `<|assistant|>`, `<|end|>`, `<|unk|>`) count on **neither** side: their tokens' nats
+  are left out of the numerator as their characters are left out of the denominator (3LM scored the tokens but
+  did not count the characters).
 Plain PyTorch on purpose: `evaluate` is in maintenance mode and its Hub-hosted metrics fail offline.
 """
 
@@ -25,6 +32,7 @@ from hitoban.errors import InputError
 MARKERS = re.compile(r"<\|(?:user|assistant|end|unk)\|>")
 WINDOW = 256
 MIN_STABLE_WINDOWS = 8
+MARKER_RULE = "chat markers excluded from both the nats and the characters"
 
 
 class BpcError(InputError):
@@ -32,20 +40,49 @@ class BpcError(InputError):
 
 
 @torch.no_grad()
-def nats_over_windows(model, ids: np.ndarray | list[int], window: int = WINDOW, batch: int = 16,
-                      progress: bool = False) -> tuple[float, int]:
-    """Summed next-token nats over full non-overlapping (window + 1)-token windows; returns (nats, windows)."""
+def token_nats(model, ids: np.ndarray | list[int], context_id: int, window: int = WINDOW, batch: int = 16,
+               progress: bool = False) -> np.ndarray:
+    """Next-token nats of every token of `ids`, each predicted exactly once: the sequence [context_id] + ids is cut
+    into windows of `window` predicted tokens, each scored independently; the last window may be shorter."""
     ids = np.asarray(ids, dtype=np.int64)
-    count = (len(ids) - 1) // window
-    rows = np.stack([ids[i * window : i * window + window + 1] for i in range(count)]) if count else None
+    n = len(ids)
+    seq = np.concatenate([[context_id], ids]).astype(np.int64)
+    nats = np.zeros(n, dtype=np.float64)
     device = next(model.parameters()).device
     model.eval()
-    total = 0.0
-    for start in tqdm(range(0, count, batch), disable=not progress or None, desc="bits/char", leave=False):
-        x = torch.from_numpy(rows[start : start + batch]).to(device)
+    full = n // window
+    rows = [(w * window, window) for w in range(full)] + ([(full * window, n - full * window)] if n % window else [])
+    groups = [rows[i:min(i + batch, full)] for i in range(0, full, batch)] + ([rows[full:]] if n % window else [])
+    for group in tqdm(groups, disable=not progress or None, desc="bits/char", leave=False):
+        width = group[0][1]
+        x = torch.from_numpy(np.stack([seq[start:start + width + 1] for start, _ in group])).to(device)
         logits = model(x[:, :-1], use_cache=False).logits.float()
-        total += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="sum").item()
-    return total, count
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="none")
+        loss = loss.view(len(group), width).double().cpu().numpy()
+        for (start, _), row in zip(group, loss):
+            nats[start:start + width] = row
+    return nats
+
+
+def context_token(tokenizer) -> int:
+    """The token that precedes the first one: the document separator the model saw before every document."""
+    for candidate in (tokenizer.eos_token_id, tokenizer.bos_token_id):
+        if candidate is not None:
+            return int(candidate)
+    raise BpcError("the tokenizer has neither an eos nor a bos token to predict the first token from")
+
+
+def _record(name: str, nats: np.ndarray, marker_tokens: np.ndarray, chars: int, window: int) -> dict:
+    scored = ~marker_tokens
+    total = float(nats[scored].sum())
+    result = {"domain": name, "bits_per_char": total / math.log(2) / chars, "chars": chars, "tokens": len(nats),
+              "scored_tokens": int(scored.sum()), "marker_tokens": int(marker_tokens.sum()),
+              "windows": -(-len(nats) // window), "nats": total, "markers": MARKER_RULE}
+    if len(nats) < MIN_STABLE_WINDOWS * window:
+        result["warning"] = (f"only {len(nats)} tokens (< {MIN_STABLE_WINDOWS} windows of {window}): too short for "
+                             "a stable estimate")
+        warnings.warn(f"{name}: {result['warning']}", stacklevel=3)
+    return result
 
 
 def bits_per_char(model, tokenizer, text: str, name: str = "text", max_chars: int | None = None,
@@ -54,18 +91,23 @@ def bits_per_char(model, tokenizer, text: str, name: str = "text", max_chars: in
         text = text[:max_chars]
     if not text.strip():
         raise BpcError(f"{name}: the text is empty")
-    ids = tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
-    chars = len(MARKERS.sub("", text))
-    nats, windows = nats_over_windows(model, ids, window, batch, progress)
-    if windows == 0:
-        raise BpcError(f"{name}: {len(ids)} tokens, shorter than one window of {window + 1}; give more text")
-    scored_ratio = windows * window / (len(ids) - 1)
-    result = {"domain": name, "bits_per_char": nats / math.log(2) / (chars * scored_ratio), "chars": chars,
-              "tokens": len(ids), "windows": windows, "scored_ratio": scored_ratio, "nats": nats}
-    if windows < MIN_STABLE_WINDOWS:
-        result["warning"] = f"only {windows} windows ({len(ids)} tokens): too short for a stable estimate"
-        warnings.warn(f"{name}: {result['warning']}", stacklevel=2)
-    return result
+    encoding = tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
+    in_marker = np.zeros(len(text), dtype=bool)
+    for m in MARKERS.finditer(text):
+        in_marker[m.start():m.end()] = True
+    covered = np.zeros(len(text), dtype=bool)
+    marker_tokens = np.zeros(len(encoding.ids), dtype=bool)
+    for i, (start, end) in enumerate(encoding.offsets):
+        covered[start:end] = True
+        marker_tokens[i] = end > start and bool(in_marker[start:end].all())
+    if not covered.all():
+        raise BpcError(f"{name}: the tokenizer's offsets leave {int((~covered).sum())} characters uncovered (a "
+                       "normaliser that drops characters?); bits/char would not be per character")
+    chars = int((~in_marker).sum())
+    if chars == 0:
+        raise BpcError(f"{name}: the text holds only chat markers")
+    nats = token_nats(model, encoding.ids, context_token(tokenizer), window, batch, progress)
+    return _record(name, nats, marker_tokens, chars, window)
 
 
 def load_model_and_tokenizer(path: str | Path):
@@ -111,19 +153,21 @@ def cross_domain(models: list[str | Path], domains: dict[str, str | Path], max_c
 
 
 def shard_domain_bpc(model, tokenizer, shards: str | Path, max_tokens: int = 200_000) -> list[dict]:
-    """Per-domain bits/char on a shard set's val split (domains from `.domains.u8`)."""
+    """Per-domain bits/char on a shard set's val split (domains from `.domains.u8`), over whole documents only:
+    each document is preceded by the previous one's `<|end|>`, and the `<|end|>` tokens count on neither side."""
     from hitoban.training.data import ShardReader
 
+    reader = ShardReader(shards, "val")
+    special = np.array(sorted(set(tokenizer.all_special_ids)), dtype=np.int64)
     rows = []
-    for domain, stream in ShardReader(shards, "val").domain_streams(max_tokens).items():
-        chars = len(tokenizer.decode(stream.tolist(), skip_special_tokens=True))
-        nats, windows = nats_over_windows(model, stream)
-        if windows == 0:
-            rows.append({"domain": domain, "tokens": len(stream), "warning": "shorter than one window"})
+    for domain, documents in reader.domain_documents(max_tokens).items():
+        ids = np.concatenate(documents)
+        chars = sum(len(tokenizer.decode(doc.tolist(), skip_special_tokens=True)) for doc in documents)
+        if chars == 0:
+            rows.append({"domain": domain, "tokens": len(ids), "warning": "no text"})
             continue
-        ratio = windows * WINDOW / (len(stream) - 1)
-        rows.append({"domain": domain, "bits_per_char": nats / math.log(2) / (chars * ratio), "chars": chars,
-                     "tokens": len(stream), "windows": windows})
+        nats = token_nats(model, ids, reader.end_id)
+        rows.append(_record(domain, nats, np.isin(ids, special), chars, WINDOW))
     return rows
 
 
@@ -136,7 +180,8 @@ def markdown_table(result: dict) -> str:
         cells = [f"{value[(m, d)]['bits_per_char']:.3f}" + (" ⚠" if "warning" in value[(m, d)] else "")
                  if (m, d) in value else "—" for d in domains]  # a model not evaluated on a domain: no number
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\nbits per character (lower is better); ⚠ = too few windows for a stable value\n"
+    return "\n".join(lines) + ("\n\nbits per character (lower is better; every character scored once, chat markers "
+                                "on neither side); ⚠ = too few tokens for a stable value\n")
 
 
 def plot_cross_domain(result: dict, path: str | Path) -> None:

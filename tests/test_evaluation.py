@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -134,29 +134,41 @@ def test_bad_leak_inputs_are_named(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ bits per char
 
-def independent_bpc(model, tok, text: str) -> float:
-    """3LM's definition written out separately: whole-text ids, 257-token windows every 256, tail dropped."""
+def test_bits_per_char_by_hand_on_a_short_text(tiny_model_dir):
+    """The definition written out token by token, independently of the batched windows: token i is predicted from
+    <|end|> + the tokens before it in its window of 4; marker tokens are not scored; the characters are counted by
+    hand: 吾輩は猫である。 (8) + 名前はまだ無い。 (8) = 16, the markers are not characters of the text."""
+    model, tok = load_model_and_tokenizer(tiny_model_dir)
+    text = "吾輩は猫である。<|user|>名前はまだ無い。<|end|>"
     ids = tok(text, add_special_tokens=False)["input_ids"]
-    nats, windows = 0.0, 0
-    for start in range(0, len(ids) - 256, 256):
-        x = torch.tensor([ids[start : start + 257]])
-        with torch.no_grad():
-            logits = model(x[:, :-1]).logits
-        nats += F.cross_entropy(logits[0], x[0, 1:], reduction="sum").item()
-        windows += 1
-    chars = len(text)
-    for marker in ("<|user|>", "<|assistant|>", "<|end|>", "<|unk|>"):
-        chars -= text.count(marker) * len(marker)
-    return nats / math.log(2) / (chars * windows * 256 / (len(ids) - 1))
+    markers = set(tok.convert_tokens_to_ids(["<|user|>", "<|end|>"]))
+    sequence = [tok.convert_tokens_to_ids("<|end|>")] + ids
+    nats = 0.0
+    with torch.no_grad():
+        for i, target in enumerate(ids):
+            window_start = (i // 4) * 4
+            logits = model(torch.tensor([sequence[window_start : i + 1]])).logits[0, -1].double()
+            if target not in markers:
+                nats -= torch.log_softmax(logits, -1)[target].item()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a short text is flagged; the value is still defined
+        result = bits_per_char(model, tok, text, "hand", window=4)
+        whole = bits_per_char(model, tok, text, "hand", window=256)
+    assert result["chars"] == 16 and result["marker_tokens"] == 2 and result["tokens"] == len(ids)
+    assert result["windows"] == -(-len(ids) // 4) and len(ids) % 4  # a shorter last window is scored too
+    assert abs(result["bits_per_char"] - nats / math.log(2) / 16) < 1e-6
+    # every token is scored once whatever the window: a window longer than the text gives the same definition
+    # (up to the context each token sees), and the characters are the same 16
+    assert whole["chars"] == 16 and whole["scored_tokens"] == result["scored_tokens"]
 
 
-def test_bits_per_char_equals_an_independent_computation(tiny_model_dir, corpus):
+def test_bits_per_char_on_a_long_text_is_near_uniform_for_a_random_model(tiny_model_dir, corpus):
     model, tok = load_model_and_tokenizer(tiny_model_dir)
     text = (corpus / "3lm-eval" / "holdout_clean.txt").read_text(encoding="utf-8")[:20_000]
     result = bits_per_char(model, tok, text, "dialogue")
     assert result["windows"] >= 8 and "warning" not in result
-    assert abs(result["bits_per_char"] - independent_bpc(model, tok, text)) < 1e-4
-    uniform = math.log2(len(tok)) * result["tokens"] / result["chars"]  # a random model is near uniform
+    assert result["chars"] == len(text) - sum(text.count(m) * len(m) for m in ("<|user|>", "<|assistant|>", "<|end|>"))
+    uniform = math.log2(len(tok)) * result["scored_tokens"] / result["chars"]  # a random model is near uniform
     assert 0.8 * uniform < result["bits_per_char"] < 1.3 * uniform
 
 
@@ -165,16 +177,26 @@ def test_short_and_missing_domains_are_reported_not_averaged(tiny_model_dir, tmp
     with pytest.warns(UserWarning, match="too short for a stable estimate"):
         short = bits_per_char(model, tok, FILLER * 12, "short")
     assert short["windows"] < 8 and "warning" in short
-    with pytest.raises(BpcError, match="shorter than one window"):
-        bits_per_char(model, tok, FILLER, "tiny")
     with pytest.raises(BpcError, match="empty"):
         bits_per_char(model, tok, "  \n", "blank")
+    with pytest.raises(BpcError, match="only chat markers"):
+        bits_per_char(model, tok, "<|user|><|end|>", "markers")
     with pytest.raises(BpcError, match="not found"):
         cross_domain([tiny_model_dir], {"web": tmp_path / "nope.txt"})
     no_tok = tmp_path / "model-only"
     model.save_pretrained(no_tok)
     with pytest.raises(BpcError, match="no tokenizer.json"):
         load_model_and_tokenizer(no_tok)
+
+
+def test_shard_domains_are_whole_documents(tiny_shards):
+    from hitoban.training.data import ShardReader
+
+    reader = ShardReader(tiny_shards, "val")
+    for cap in (50, 3000):
+        for documents in reader.domain_documents(cap).values():
+            assert all(doc[-1] == reader.end_id and (doc[:-1] != reader.end_id).all() for doc in documents)
+            assert len(documents) == 1 or sum(map(len, documents)) <= cap
 
 
 def test_cross_domain_table_json_markdown_png(tiny_model_dir, corpus, tmp_path, tiny_shards):

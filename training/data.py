@@ -56,15 +56,25 @@ class ShardReader:
         rows = range(rank * per_rank, (rank + 1) * per_rank)
         return np.stack([self.arrays[shard_ids[r]][offsets[r] : offsets[r] + ctx + 1] for r in rows]).astype(np.int64)
 
-    def domain_streams(self, max_tokens: int) -> dict[str, np.ndarray]:
-        """Concatenated documents per domain, each capped at `max_tokens` (per-domain loss and bits/char)."""
+    def domain_documents(self, max_tokens: int) -> dict[str, list[np.ndarray]]:
+        """Whole documents per domain, in file order, until the next one would pass `max_tokens` (at least one):
+        a domain is never cut mid-document."""
         parts: dict[str, list[np.ndarray]] = {}
         sizes: dict[str, int] = {}
+        full: set[str] = set()
         for ids, domain in self.documents():
-            if sizes.get(domain, 0) < max_tokens:
-                parts.setdefault(domain, []).append(ids)
-                sizes[domain] = sizes.get(domain, 0) + len(ids)
-        return {d: np.concatenate(p)[:max_tokens] for d, p in parts.items()}
+            if domain in full:
+                continue
+            if domain in parts and sizes[domain] + len(ids) > max_tokens:
+                full.add(domain)
+                continue
+            parts.setdefault(domain, []).append(ids)
+            sizes[domain] = sizes.get(domain, 0) + len(ids)
+        return parts
+
+    def domain_streams(self, max_tokens: int) -> dict[str, np.ndarray]:
+        """Concatenated whole documents per domain, at most `max_tokens` each (per-domain validation loss)."""
+        return {d: np.concatenate(docs) for d, docs in self.domain_documents(max_tokens).items()}
 
     def documents(self) -> Iterator[tuple[np.ndarray, str]]:
         """(token ids incl. the closing <|end|>, domain name) for every document, in file order (val/test)."""
