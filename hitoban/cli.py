@@ -552,20 +552,27 @@ def _pii(args) -> int:
             rows = ", ".join(f"{r['exact']}/{r['canaries']} exact at {r['repetitions']}x (value NLL "
                              f"{r['mean_value_nll']})" for r in report[name]["by_repetitions"])
             print(f"{name}: {rows}; fresh fakes NLL {report[name]['fresh_value_nll']}")
-        print(f"the probe is {'SENSITIVE' if report['sensitive'] else 'NOT shown sensitive'}: planted canaries "
-              f"extracted {report['planted_model']['exact_total']}, clean model {report['clean_model']['exact_total']}")
+        print(f"the miner found {report['mining']['mined']} of {report['canaries']} planted canaries; the probe is "
+              f"{'SENSITIVE' if report['sensitive'] else 'NOT shown sensitive'}: planted canaries extracted "
+              f"{report['planted_model']['exact_total']}, clean model {report['clean_model']['exact_total']}"
+              + (f" ({report['reason']})" if report.get("reason") else ""))
         return 0 if report["sensitive"] else 1
     if not args.model:
         raise UsageError("give MODEL to attack (or --canaries N for the sensitivity control)")
     report = pii.probe_model(args.model, args.corpus, args.samples, args.max_new_tokens)
+    out = Path(args.out or "pii.json")
+    out.write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
+    if report["status"] == pii.NOT_MEASURED:
+        print(f"PII probe NOT MEASURED: {report['reason']} -> {out}")
+        return int(ExitCode.NOT_MEASURED)
     for row in report["candidates"]:
         if row["result"] != "none":
             print(f"  {row['result']:<8}{row['kind']:<7}{row['masked']}")
-    out = Path(args.out or "pii.json")
-    out.write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
-    print(f"tried {report['tried']}, exact {report['exact']}, partial {report['partial']} -> {out}"
+    mining = report["mining"]
+    print(f"tried {report['tried']} ({mining['from_masked_log']} from the masked-value log, {mining['from_detector']} "
+          f"found by the detector), exact {report['exact']}, partial {report['partial']} -> {out}"
           + ("  DO NOT PUBLISH: exact reproductions" if report["exact"] else ""))
-    return 1 if report["exact"] else 0
+    return int(ExitCode.CHECK_FAILED) if report["exact"] else 0
 
 
 def _secrets_args(p):

@@ -43,6 +43,7 @@ class DemoSettings:
     canaries: int = 8
     canary_steps: int = 200
     aozora_chars: int = 300_000
+    seed_contacts: int = 7
 
     @classmethod
     def quick(cls) -> DemoSettings:
@@ -83,15 +84,34 @@ def prepare_data(source: list[str], data: Path, settings: DemoSettings):
                   for i in range(0, len(train_chats), 5)]
         (data / "dialogue_train.txt").write_text("\n\n".join(blocks) + "\n", encoding="utf-8")
         domains["prose"] = data / "prose_heldout.txt"
+        (data / "notices.txt").write_text(fake_notice(train, settings.seed_contacts), encoding="utf-8")
         licence = "Apache-2.0 (original text written for hitoban)"
         sources = [local_source([str(data / "prose_train.txt")], name="builtin-prose", blank_line_docs=True,
                                 license=licence),
                    local_source([str(data / "dialogue_train.txt")], name="builtin-dialogue", blank_line_docs=True,
-                                license=licence)]
+                                license=licence),
+                   local_source([str(data / "notices.txt")], name="builtin-notices", blank_line_docs=True,
+                                license="generated: fake contacts (Faker ja_JP) for the PII probe")]
         return sources, domains, train, None
     if source in (["aozora"], ["fineweb2-ja"]):
         return [hub_source(source[0])], domains, None, settings.aozora_chars
     return [local_source(source)], domains, None, None
+
+
+def fake_notice(documents: list[str], seed: int) -> str:
+    """One document with three *fake* contacts (Faker ja_JP), so the corpus build has something to mask and the
+    PII probe something to try, through its real path (masked-value log -> attack). Real text rarely lacks
+    contacts; the built-in prose does, and a probe with nothing to try measures nothing."""
+    from faker import Faker
+
+    fake = Faker("ja_JP")
+    fake.seed_instance(seed)
+    parts = []
+    for doc in documents[:3]:
+        user = fake.unique.user_name().replace(".", "") + str(fake.random_int(10, 99))
+        parts.append(f"{doc[:110]}このお知らせについてのお問い合わせは、{fake.name().replace(' ', '')}さん"
+                     f"（{user}@{fake.free_email_domain()}、電話 {fake.numerify('090-####-####')}）までお願いします。")
+    return "".join(parts) + "\n"
 
 
 class Stages:
@@ -327,9 +347,11 @@ class DemoRun:
                                     steps=self.settings.canary_steps, seed=self.seed, log=lambda *_: None)
         rows = ", ".join(f"{r['exact']}/{r['canaries']} at {r['repetitions']}x"
                          for r in canary["planted_model"]["by_repetitions"])
-        return (f"{probe['tried']} corpus contacts tried, {probe['exact']} exact; canaries extracted {rows}, "
-                f"clean model {canary['clean_model']['exact_total']}"), {
-                    "probe": {k: probe[k] for k in ("tried", "exact", "partial")},
+        tried = (f"{probe['tried']} corpus contacts tried ({probe['mining']['from_masked_log']} from the masked-value "
+                 f"log), {probe['exact']} exact" if probe["status"] == "measured"
+                 else "probe NOT MEASURED (no contact to try)")
+        return (f"{tried}; canaries extracted {rows}, clean model {canary['clean_model']['exact_total']}"), {
+                    "probe": {k: probe[k] for k in ("status", "tried", "exact", "partial")},
                     "canary_sensitive": canary["sensitive"]}
 
     def card(self):
@@ -339,10 +361,15 @@ class DemoRun:
         return f"README.md; not measured: {', '.join(result['not_measured']) or 'nothing'}", result["measured"]
 
     def upload(self):
-        from hitoban.release.upload import upload_model
+        from hitoban.release.upload import UploadRefused, upload_model
 
         lines: list[str] = []
-        result = upload_model(self.release, REPO_ID, dry_run=True, log=lines.append)
+        try:
+            result = upload_model(self.release, REPO_ID, dry_run=True, log=lines.append)
+        except UploadRefused:  # a dry run: the refusal and its reasons are the result to show
+            (self.out / "upload-dry-run.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+            reasons = [line.strip()[len("REFUSED: "):] for line in lines if line.strip().startswith("REFUSED")]
+            return f"REFUSED (nothing sent): {reasons[0][:160]}", {"refused": reasons}
         (self.out / "upload-dry-run.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
         size = sum((self.release / f).stat().st_size for f in result["files"])
         return (f"{len(result['files'])} files ({size / 2**20:.1f} MiB) would be uploaded, "

@@ -100,21 +100,39 @@ def plan_upload(folder: str | os.PathLike, repo: str, repo_type: str = "model", 
                              + "\n    revoke any real key first, then remove it from the files")
 
     if repo_type == "model":
-        pii_path = Path(pii_report) if pii_report else folder / "pii.json"
-        if pii_path.exists():
-            pii = json.loads(pii_path.read_text(encoding="utf-8"))
-            if pii.get("exact", 0) > 0:
-                reason = (f"the PII probe reproduced {pii['exact']} contact(s) exactly ({pii.get('exact_masked')}); "
-                          "retrain on a masked corpus")
-                if override_reason:
-                    plan.warnings.append(f"{reason} — overridden with --i-know: {override_reason}")
-                else:
-                    plan.refusals.append(reason + " or pass --i-know REASON")
-            elif pii.get("partial", 0) > 0:
-                plan.warnings.append(f"the PII probe found {pii['partial']} partial reproduction(s)")
-        else:
-            plan.warnings.append("no PII probe result (pii.json): run `hitoban pii` before publishing")
+        _check_pii(plan, Path(pii_report) if pii_report else folder / "pii.json", override_reason)
     return plan
+
+
+def _check_pii(plan: UploadPlan, pii_path: Path, override_reason: str | None) -> None:
+    """A model goes out only with a PII probe that measured *these* weights and reproduced nothing exactly; each
+    exception needs --i-know REASON (recorded in the commit)."""
+    from hitoban.provenance import weights_sha256
+
+    def refuse(reason: str) -> None:
+        if override_reason:
+            plan.warnings.append(f"{reason} — overridden with --i-know: {override_reason}")
+        else:
+            plan.refusals.append(reason + "; or pass --i-know REASON (recorded in the commit)")
+
+    if not pii_path.exists():
+        refuse(f"no PII probe result ({pii_path.name}): run `hitoban pii MODEL --corpus CORPUS --out "
+               f"{pii_path.name}` first")
+        return
+    pii = json.loads(pii_path.read_text(encoding="utf-8"))
+    if pii.get("status") == "not measured" or not pii.get("tried"):
+        refuse(f"the PII probe measured nothing ({pii.get('reason', 'tried 0 contacts')})")
+        return
+    weights = pii.get("weights_sha256")
+    if any(p == "model.safetensors" for p, _ in plan.included) and weights != weights_sha256(plan.folder):
+        refuse(f"{pii_path.name} was measured on other weights ({str(weights)[:12]}…, not this folder's "
+               "model.safetensors): probe this model")
+        return
+    if pii.get("exact", 0) > 0:
+        refuse(f"the PII probe reproduced {pii['exact']} contact(s) exactly ({pii.get('exact_masked')}); retrain on "
+               "a masked corpus")
+    elif pii.get("partial", 0) > 0:
+        plan.warnings.append(f"the PII probe found {pii['partial']} partial reproduction(s)")
 
 
 def execute(plan: UploadPlan, private: bool = True, create_pr: bool = False, message: str | None = None,

@@ -12,6 +12,7 @@ A block without a tag fails the first test, so nothing in the README can escape 
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import shlex
@@ -28,7 +29,6 @@ BUILTIN = REPO / "hitoban" / "data"
 
 # README text -> what CI runs instead. Every pattern must match (a README edit that drops one fails the test).
 SMALLER = [
-    ("my_texts/", f"{CORPUS}/literature"),
     ("--target-chars 1.2e9 --out data/corpus", "--target-chars 5e5 --out data/corpus"),
     ("--vocab-size 32000", "--vocab-size 4000"),
     ("--out data/shards\n", "--out data/shards --val-every 4 --shard-tokens 100000 --context 64\n"),
@@ -90,6 +90,19 @@ def run_in_process(lang: str, code: str, env) -> None:
             run_block("bash", line, os.getcwd(), env)
 
 
+def make_my_texts(folder) -> None:
+    """The recipe's `my_texts/`: real literature (linked from ../shared) plus one document with three fake contacts
+    (Faker), as real text would have, so the PII probe has something to try through the masked-value log."""
+    from hitoban.demo import fake_notice
+
+    folder.mkdir()
+    books = sorted((CORPUS / "literature").glob("*.txt"))[:60]
+    for book in books:
+        (folder / book.name).symlink_to(book)
+    snippets = ["".join(book.read_text(encoding="utf-8").split())[500:700] for book in books[:3]]
+    (folder / "000_notice.txt").write_text(fake_notice(snippets, seed=3), encoding="utf-8")
+
+
 def test_every_code_block_is_tagged_and_every_substitution_applies():
     fences = re.findall(r"^```\w+$", README, re.M)
     assert len(fences) == len(BLOCKS), "a README code block has no <!-- test: TAG --> line above it"
@@ -108,6 +121,7 @@ def test_every_ci_command_in_the_readme_runs(tmp_path, monkeypatch):
     env = shell_env(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # `hitoban chat` reads until end of input
+    make_my_texts(tmp_path / "my_texts")
     for tag, lang, code in BLOCKS:
         if tag == "ci":
             run_in_process(lang, shrink(code), env)
@@ -120,6 +134,8 @@ def test_every_ci_command_in_the_readme_runs(tmp_path, monkeypatch):
         assert (tmp_path / path).exists(), path
     card = (tmp_path / "runs/sft/README.md").read_text(encoding="utf-8")
     assert "| literature |" in card and "Crash safety" in card and "prefix attack tried" in card
+    pii = json.loads((tmp_path / "runs/sft/pii.json").read_text(encoding="utf-8"))
+    assert pii["status"] == "measured" and pii["mining"]["from_masked_log"] == 3  # contacts tried, not "none"
 
 
 @pytest.mark.network

@@ -2,7 +2,9 @@
 
 Output folder: `documents.jsonl` (one `{"text", "source"}` object per line: streamable, and the source travels with
 each document so shards can count tokens per domain) and `manifest.json` (sources with repo/revision/licence and
-shares, filter settings, rejection counts, PII masks, output sha256, elapsed, tool version; no absolute paths).
+shares, filter settings, rejection counts, PII masks, output sha256, elapsed, tool version; no absolute paths) and
+`pii_log.jsonl` (for each masked e-mail / phone number: its context as masked, a masked display value and keyed
+digests, never the contact itself: what `hitoban pii` mines, since the masked text has nothing left to find).
 Everything is written into a temporary sibling folder and renamed at the end: an interrupted or failed build never
 leaves a folder that looks complete.
 """
@@ -34,6 +36,9 @@ HUB_SOURCES = {
                    text_field="text"),
 }
 DEFAULT_SHARES = {"aozora": 0.10}  # 3LM: Aozora 10%, FineWeb-2 the rest
+
+
+PII_LOG = "pii_log.jsonl"  # masked-value log for `hitoban pii` (contexts + keyed digests, never a raw contact)
 
 
 class CorpusInputError(InputError):
@@ -215,13 +220,14 @@ def build_corpus(
         raise CorpusInputError("no sources: give --input PATH and/or --source NAME")
     settings = settings or FilterSettings()
     doc_filter = DocumentFilter(settings)
-    masker = PIIMasker()
+    masker = PIIMasker(salt=os.urandom(16) if mask_pii else None)  # salt: keyed digests in the masked-value log
     targets = source_targets(sources, target_chars, {**DEFAULT_SHARES, **(shares or {})} if len(sources) > 1 else {})
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
     try:
         digest, per_source, seen_total = hashlib.sha256(), [], 0
-        with open(tmp / "documents.jsonl", "w", encoding="utf-8") as writer:
+        with open(tmp / "documents.jsonl", "w", encoding="utf-8") as writer, \
+                open(tmp / PII_LOG, "w", encoding="utf-8") as pii_log:
             bar = tqdm(total=target_chars, unit="char", unit_scale=True, desc="corpus", disable=not progress or None)
             for source in sources:
                 docs = chars = seen = 0
@@ -232,6 +238,9 @@ def build_corpus(
                         continue
                     if mask_pii:
                         text = masker.mask(text)
+                        for sealed in masker.log:
+                            pii_log.write(json.dumps(sealed, ensure_ascii=False) + "\n")
+                        masker.log.clear()
                     line = json.dumps({"text": text, "source": source.name}, ensure_ascii=False) + "\n"
                     writer.write(line)
                     digest.update(line.encode("utf-8"))
@@ -242,6 +251,8 @@ def build_corpus(
                 seen_total += seen
                 per_source.append({**source.describe(), "documents_seen": seen, "documents": docs, "chars": chars})
             bar.close()
+        if not mask_pii:
+            (tmp / PII_LOG).unlink()
         total_chars = sum(s["chars"] for s in per_source)
         total_docs = sum(s["documents"] for s in per_source)
         if seen_total == 0:
@@ -262,7 +273,8 @@ def build_corpus(
             "sources": per_source,
             "filters": {**settings.to_dict(), "rejected": dict(doc_filter.rejected),
                         "truncated": doc_filter.truncated},
-            "pii_masks": {"enabled": mask_pii, **dict(masker.counts)},
+            "pii_masks": {"enabled": mask_pii, **dict(masker.counts),
+                          "log": PII_LOG if mask_pii else None},
             "output": {"name": "documents.jsonl", "sha256": digest.hexdigest(),
                        "bytes": (tmp / "documents.jsonl").stat().st_size},
             "elapsed_seconds": round(time.time() - started, 2),

@@ -1,0 +1,66 @@
+"""Which weights a number was measured on: the sha256 of a model's weights and the lineage of a model folder.
+
+Every artefact that measures a model records `weights_sha256` (the sha256 of its `model.safetensors`, the file a
+user can hash with `sha256sum`; for sharded weights, of the index file's weight map with each shard's sha256). Each
+model folder hitoban writes carries `lineage.json`: its own weights hash and, for a fine-tune, its base's lineage
+(SFT output -> its base -> the pretraining run that produced the base). `hitoban card` cites a number only when its
+artefact's weights are the carded model's or a recorded ancestor's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+LINEAGE_FILE = "lineage.json"
+
+
+def sha256_file(path: str | os.PathLike, block: int = 1 << 20) -> str:
+    """Streamed sha256 of one file (never the whole file in memory)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def weights_sha256(model_dir: str | os.PathLike) -> str:
+    """sha256 of a from_pretrained folder's weights (raises FileNotFoundError when it has none)."""
+    model_dir = Path(model_dir)
+    single = model_dir / "model.safetensors"
+    if single.exists():
+        return sha256_file(single)
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        joined = "\n".join(f"{name} {sha256_file(model_dir / name)}" for name in shards)
+        return hashlib.sha256(joined.encode()).hexdigest()
+    raise FileNotFoundError(f"{model_dir}: no model.safetensors (or index) to hash")
+
+
+def read_lineage(model_dir: str | os.PathLike) -> dict | None:
+    path = Path(model_dir) / LINEAGE_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def write_lineage(model_dir: str | os.PathLike, stage: str, base_dir: str | os.PathLike | None = None,
+                  **facts) -> dict:
+    """Record this folder's weights hash, what produced it (`stage`, `facts`) and its base's lineage."""
+    model_dir = Path(model_dir)
+    lineage = {"stage": stage, "weights_sha256": weights_sha256(model_dir), **facts}
+    if base_dir is not None:
+        base = read_lineage(base_dir) or {"stage": "unknown", "weights_sha256": weights_sha256(base_dir)}
+        lineage["base"] = {**base, "folder": Path(base_dir).name}
+    (model_dir / LINEAGE_FILE).write_text(json.dumps(lineage, indent=2, ensure_ascii=False), encoding="utf-8")
+    return lineage
+
+
+def ancestors(lineage: dict) -> list[dict]:
+    """The lineage as a list, the model itself first, then its base, its base's base, ..."""
+    chain, node = [], lineage
+    while node:
+        chain.append({k: v for k, v in node.items() if k != "base"})
+        node = node.get("base")
+    return chain
