@@ -138,17 +138,20 @@ def cross_domain(models: list[str | Path], domains: dict[str, str | Path], max_c
                  progress: bool = True, shards: str | Path | None = None) -> dict:
     """bits/char for every model x domain (3LM truncates each domain to its first 400,000 chars); with `shards`,
     also every model on each source of that shard set's val split (as domains named `val:SOURCE`)."""
+    from hitoban.provenance import sha256_file, weights_sha256
+
     texts = {name: read_domain(name, path) for name, path in domains.items()}
     records = []
     for model_path in models:
         model, tok = load_model_and_tokenizer(model_path)
+        measured = {"model": Path(model_path).name, "weights_sha256": weights_sha256(model_path)}
         for name, text in texts.items():
-            row = bits_per_char(model, tok, text, name, max_chars, progress=progress)
-            records.append({"model": Path(model_path).name, **row})
+            records.append({**measured, **bits_per_char(model, tok, text, name, max_chars, progress=progress)})
         for row in shard_domain_bpc(model, tok, shards) if shards else []:
             if "bits_per_char" in row:
-                records.append({"model": Path(model_path).name, **row, "domain": f"val:{row['domain']}"})
-    return {"window": WINDOW, "max_chars": max_chars, "domains": {k: Path(v).name for k, v in domains.items()},
+                records.append({**measured, **row, "domain": f"val:{row['domain']}"})
+    return {"kind": "bits-per-char", "schema": 2, "window": WINDOW, "max_chars": max_chars, "markers": MARKER_RULE,
+            "domains": {k: {"file": Path(v).name, "sha256": sha256_file(v)} for k, v in domains.items()},
             "records": records}
 
 

@@ -379,7 +379,10 @@ def _eval_gen(args) -> int:
     def show(item, text):
         print(f"[{item['id']}] {item['turns'][-1]} -> {text[:60]!r}", flush=True)
 
-    result = {"model": Path(args.models[0]).name, "questions": Path(args.questions).name,
+    from hitoban.provenance import weights_sha256
+
+    result = {"kind": "generation-metrics", "model": Path(args.models[0]).name,
+              "weights_sha256": weights_sha256(args.models[0]), "questions": Path(args.questions).name,
               **generation_metrics(model, tok, items, progress=show)}
     out = Path(args.out or "gen.json")
     out.write_text(json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8")

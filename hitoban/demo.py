@@ -298,6 +298,7 @@ class DemoRun:
     def eval(self):
         from hitoban.evaluation.bpc import cross_domain, load_model_and_tokenizer, write_outputs
         from hitoban.evaluation.generation import SAMPLING, generation_metrics, load_questions
+        from hitoban.provenance import weights_sha256
 
         with warnings.catch_warnings():  # short domains are flagged in the table (⚠) and the JSON instead
             warnings.simplefilter("ignore", UserWarning)
@@ -307,7 +308,8 @@ class DemoRun:
         model, tok = load_model_and_tokenizer(self.release)
         items = load_questions(self.out / "data" / "questions.jsonl")[:self.settings.questions]
         gen = generation_metrics(model, tok, items, {**SAMPLING, "max_new_tokens": self.settings.gen_max_new_tokens})
-        gen = {"model": "release", "questions": "questions.jsonl", **gen}
+        gen = {"kind": "generation-metrics", "model": "release", "weights_sha256": weights_sha256(self.release),
+               "questions": "questions.jsonl", **gen}
         (self.out / "eval" / "gen.json").write_text(json.dumps(gen, indent=2, ensure_ascii=False), encoding="utf-8")
         mine = {r["domain"]: r["bits_per_char"] for r in result["records"] if r["model"] == "release"}
         metrics = {k: gen[k] for k in ("repetition_rate", "topic_rate", "broken_rate", "avg_reply_len")}

@@ -1,52 +1,140 @@
-"""`hitoban card`: a `huggingface_hub.ModelCard` built only from the artefacts a run left behind (3LM §16).
+"""`hitoban card`: a `huggingface_hub.ModelCard` built only from artefacts traceable to the carded weights.
 
-Every number in the card is read from a file (the file name is cited next to it and all of them are copied into
-`eval_results.json`); a missing artefact prints "not measured", never a guess.
+An artefact is recognised by what it holds (its `kind`, or its shape for older files), never by its file name, and
+a number is cited only when its artefact measured *these* weights or a recorded ancestor's (lineage.json: SFT
+output -> its base -> the pretraining run), and then the card says which. The chain continues through hashes: the
+pretraining run by its `run_id`, its shards by the sha256 of `shards_index.json`, the corpus and the tokenizer by
+the sha256s that index records, the kill test by the run's configuration. Two different artefacts of one kind that
+both fit are an error listing them (an ambiguous --from); a number with no traceable artefact is "not measured",
+with the command that would measure it. Every number shows the (relative) path of its artefact, and
+`eval_results.json` repeats the numbers with their sources.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from huggingface_hub import ModelCard, ModelCardData
 
-from hitoban.errors import MissingInputError
+from hitoban.errors import InputError, MissingInputError
+from hitoban.provenance import ancestors, read_lineage, sha256_file, weights_sha256
+from hitoban.release.card_text import CardText
 
 NOT_MEASURED = "not measured"
-ARTEFACTS = {  # key -> file name searched for under the model folder and --from folders
-    "manifest": "manifest.json", "tokenizer": "tokenizer_meta.json", "bpc": "bpc.json", "gen": "gen.json",
-    "leaks": "leaks.json", "pii": "pii.json", "canary": "canary_control.json", "killtest": "killtest.json",
-    "sft": "summary.json", "pretrain_metrics": "metrics.json", "heartbeat": "heartbeat.json",
+HOW_TO_MEASURE = {
+    "bpc": "hitoban eval bpc MODEL --domain NAME=TEXT", "gen": "hitoban eval gen MODEL --questions FILE",
+    "pii": "hitoban pii MODEL --corpus CORPUS", "canary": "hitoban pii --canaries 8 --corpus SMALL.txt",
+    "killtest": "hitoban killtest --data SHARDS <the night's pretrain options>",
+    "leaks": "hitoban leaks --holdout HOLDOUT --corpus CORPUS CHATS", "run": "hitoban pretrain",
+    "manifest": "hitoban corpus", "tokenizer": "hitoban tokenizer", "sft": "hitoban sft", "shards": "hitoban shards",
 }
+SKIP_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+              "eval_results.json", "lineage.json", "heartbeat.json", "trainer_state.json"}
 
 
-def find_artefacts(model_dir: Path, roots: list[Path]) -> dict[str, Path]:
-    """First file of each known name: the model folder itself, then each root searched up to 4 levels deep."""
-    found: dict[str, Path] = {}
+class CardError(InputError):
+    """The artefacts cannot be attributed unambiguously; the message lists the candidates."""
+
+
+def artefact_kind(data: dict) -> str | None:
+    """What a JSON artefact is, from its `kind` or (files written before kinds existed) its shape."""
+    kind = data.get("kind", "")
+    known = {"bits-per-char": "bpc", "generation-metrics": "gen", "leak-scan": "leaks", "pii-probe": "pii",
+             "pii-canary-control": "canary", "kill-test": "killtest", "pretrain-run": "run",
+             "pretrain-summary": "summary", "sft-summary": "sft", "tone-summary": "sft"}
+    if kind in known:
+        return known[kind]
+    shapes = [("bpc", ("records", "window")), ("gen", ("repetition_rate", "topic_rate")),
+              ("leaks", ("probes", "corpora")), ("canary", ("planted_model", "clean_model")),
+              ("pii", ("tried", "exact")), ("killtest", ("checks", "killed_diff")),
+              ("manifest", ("pii_masks", "output", "sources")), ("tokenizer", ("heldout", "sample")),
+              ("shards", ("splits", "shards", "tokenizer")), ("run", ("tokens_per_step", "total_steps", "model")),
+              ("sft", ("counted_ratio", "best_val_loss"))]
+    return next((name for name, keys in shapes if all(k in data for k in keys)), None)
+
+
+@dataclass
+class Artefact:
+    kind: str
+    path: Path
+    data: dict
+
+    @property
+    def rel(self) -> str:
+        """The path as the user would type it: relative to the working folder when it lies below it."""
+        path = os.path.relpath(self.path)
+        return path if not path.startswith("..") else str(self.path)
+
+
+def collect(model_dir: Path, roots: list[Path]) -> dict[str, list[Artefact]]:
+    """Every recognisable JSON artefact under the model folder and the --from roots (up to 5 levels deep)."""
+    found: dict[str, list[Artefact]] = {}
+    seen: set[Path] = set()
     for root in [model_dir, *roots]:
-        candidates = sorted(p for depth in range(5) for p in root.glob("/".join(["*"] * depth + ["*.json"]))
-                            if p.is_file())
-        for key, name in ARTEFACTS.items():
-            if key not in found:
-                match = next((p for p in candidates if p.name == name), None)
-                if match is not None:
-                    found[key] = match
-    for root in roots:  # the pretraining run: the folder with log.jsonl beside config.json
-        run = next((p.parent for p in sorted(root.rglob("log.jsonl")) if (p.parent / "config.json").exists()), None)
-        if run is not None:
-            found.setdefault("run", run / "config.json")
-            if (run / "final" / "metrics.json").exists():
-                found["pretrain_metrics"] = run / "final" / "metrics.json"
-            if (run / "heartbeat.json").exists():
-                found["heartbeat"] = run / "heartbeat.json"
-            break
+        if not root.exists():
+            raise MissingInputError(f"--from {root}: no such folder")
+        paths = [root] if root.is_file() else (p for depth in range(6)
+                                               for p in root.glob("/".join(["*"] * depth + ["*.json"])))
+        for path in paths:
+            if path.name in SKIP_FILES or path.name.endswith(".bin.json") or path.resolve() in seen:
+                continue
+            seen.add(path.resolve())
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (ValueError, OSError):
+                continue
+            kind = artefact_kind(data) if isinstance(data, dict) else None
+            if kind:
+                found.setdefault(kind, []).append(Artefact(kind, path, data))
     return found
 
 
-def _load(paths: dict[str, Path]) -> dict[str, dict]:
-    return {k: json.loads(p.read_text(encoding="utf-8")) for k, p in paths.items()}
+@dataclass
+class Provenance:
+    """The carded weights and their ancestors: weights hash -> how the card names that model."""
+
+    chain: list[dict]
+    names: dict[str, str] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)  # kind -> why it is not measured
+
+    @property
+    def own(self) -> str:
+        return self.chain[0]["weights_sha256"]
+
+    def stage(self, stage: str) -> dict | None:
+        return next((node for node in self.chain if node.get("stage") == stage), None)
+
+
+def provenance_of(model_dir: Path) -> Provenance:
+    lineage = read_lineage(model_dir)
+    own = weights_sha256(model_dir)
+    if lineage is None or lineage.get("weights_sha256") != own:  # no lineage, or weights replaced after it
+        lineage = {"stage": "unknown", "weights_sha256": own}
+    chain = ancestors(lineage)
+    names = {chain[0]["weights_sha256"]: "this model"}
+    for node in chain[1:]:
+        names.setdefault(node["weights_sha256"], f"its {node.get('stage', 'base')} base ({node.get('folder', '?')})")
+    return Provenance(chain, names)
+
+
+def pick(found: dict[str, list[Artefact]], kind: str, fits, prov: Provenance, what: str) -> Artefact | None:
+    """The one artefact of `kind` that fits; two different ones that both fit are an error listing them."""
+    candidates = found.get(kind, [])
+    fitting = [a for a in candidates if fits(a)]
+    distinct = {json.dumps(a.data, sort_keys=True): a for a in fitting}
+    if len(distinct) > 1:
+        raise CardError(f"ambiguous --from: {len(distinct)} different {what} artefacts fit "
+                        f"{', '.join(prov.names.values())}: {', '.join(sorted(a.rel for a in distinct.values()))}; "
+                        "give --from only the folders of this model's results")
+    if not fitting:
+        others = ", ".join(sorted(a.rel for a in candidates))
+        prov.notes[kind] = (f"{NOT_MEASURED} (run `{HOW_TO_MEASURE[kind]}`)" + (
+            f"; {others} measured other weights or another run" if others else ""))
+        return None
+    return fitting[0]
 
 
 def count_parameters(model_dir: Path) -> tuple[int, int, dict]:
@@ -64,12 +152,68 @@ def count_parameters(model_dir: Path) -> tuple[int, int, dict]:
     return total, total - embed, config.to_dict()
 
 
-def _fmt(value, digits: int = 4) -> str:
-    if value is None:
-        return NOT_MEASURED
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    return f"{value:,}" if isinstance(value, int) else str(value)
+def _by_weights(found, kind: str, sha_of, prov: Provenance, what: str) -> tuple[Artefact | None, str | None]:
+    """The artefact that measured this model, else the nearest ancestor that has one: (artefact, weights hash)."""
+    for node in prov.chain:
+        sha = node["weights_sha256"]
+        artefact = pick(found, kind, lambda a, sha=sha: sha in sha_of(a.data), prov, what)
+        if artefact is not None:
+            prov.notes.pop(kind, None)
+            return artefact, sha
+    return None, None
+
+
+def trace(model_dir: Path, roots: list[Path]) -> tuple[Provenance, dict[str, Artefact | None], dict[str, str]]:
+    """Follow the carded weights to every artefact that measured them or the data and run that made them."""
+    prov = provenance_of(model_dir)
+    found = collect(model_dir, roots)
+    art: dict[str, Artefact | None] = {}
+    measured_on: dict[str, str] = {}
+    for kind, what, sha_of in (
+            ("bpc", "bits/char", lambda d: {r.get("weights_sha256") for r in d.get("records", [])}),
+            ("gen", "generation-metrics", lambda d: {d.get("weights_sha256")}),
+            ("sft", "fine-tune summary", lambda d: {d.get("weights_sha256")})):
+        art[kind], sha = _by_weights(found, kind, sha_of, prov, what)
+        if sha:
+            measured_on[kind] = sha
+    art["pii"] = pick(found, "pii", lambda a: a.data.get("weights_sha256") == prov.own, prov, "PII probe")
+    art["canary"] = pick(found, "canary", lambda a: True, prov, "canary control")
+    node = prov.stage("pretrain")
+    if node is None:
+        for kind in ("run", "manifest", "tokenizer", "killtest"):
+            prov.notes[kind] = f"{NOT_MEASURED} (no pretraining run in this model's lineage.json)"
+            art[kind] = None
+    else:
+        art["run"] = pick(found, "run", lambda a: a.data.get("run_id") == node.get("run_id"), prov, "pretraining run")
+        shards = pick(found, "shards", lambda a: sha256_file(a.path) == node.get("data_index_sha256"), prov,
+                      "shard index") if "shards" in found else None
+        corpus_sha = (shards.data.get("corpus") or {}).get("sha256") if shards else None
+        art["manifest"] = pick(found, "manifest", lambda a: a.data["output"].get("sha256") == corpus_sha, prov,
+                               "corpus manifest")
+        art["tokenizer"] = pick(found, "tokenizer", lambda a: same_tokenizer(a.path.parent, node), prov,
+                                "tokenizer meta")
+        run_fp = (art["run"].data.get("fingerprint") if art["run"] else None) or {}
+        art["killtest"] = pick(found, "killtest", lambda a: bool(run_fp) and same_configuration(
+            a.data.get("fingerprint") or {}, run_fp), prov, "kill test")
+        if corpus_sha is None and art["manifest"] is None:
+            prov.notes["manifest"] += "; the run's shards (shards_index.json) are not under --from"
+    training_data = {d["sha256"] for n in prov.chain for d in n.get("data", [])}
+    if art.get("manifest"):
+        training_data.add(art["manifest"].data["output"]["sha256"])
+    art["leaks"] = pick(found, "leaks", lambda a: bool(training_data & {c.get("sha256") for c in a.data["corpora"]}),
+                        prov, "leak scan")
+    return prov, art, measured_on
+
+
+def same_tokenizer(folder: Path, node: dict) -> bool:
+    return (folder / "tokenizer.json").exists() and sha256_file(folder / "tokenizer.json") == node.get(
+        "tokenizer_sha256")
+
+
+def same_configuration(killtest: dict, run: dict) -> bool:
+    """A kill test speaks for a run when everything but the budget is the same (model, data, every option)."""
+    budget = {"total_steps"}
+    return {k: v for k, v in killtest.items() if k not in budget} == {k: v for k, v in run.items() if k not in budget}
 
 
 def build_card(model_dir: str | os.PathLike, repo: str, search: list[str | os.PathLike] = (),
@@ -78,198 +222,29 @@ def build_card(model_dir: str | os.PathLike, repo: str, search: list[str | os.Pa
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").exists():
         raise MissingInputError(f"{model_dir}: no config.json; give a from_pretrained model folder")
-    paths = find_artefacts(model_dir, [Path(p) for p in search])
-    art = _load(paths)
+    prov, art, measured_on = trace(model_dir, [Path(p) for p in search])
     total, non_embedding, config = count_parameters(model_dir)
-    name = repo.split("/")[-1]
-    model_name = model_dir.name
-
-    bpc_rows = [r for r in art.get("bpc", {}).get("records", []) if "bits_per_char" in r]
-    models_in_bpc = sorted({r["model"] for r in bpc_rows})
-    own = model_name if model_name in models_in_bpc else (models_in_bpc[0] if len(models_in_bpc) == 1 else None)
-    own_bpc = [r for r in bpc_rows if r["model"] == own]
-    gen = art.get("gen", {})
-    manifest = art.get("manifest", {})
-    sources = manifest.get("sources", [])
-    hub_datasets = sorted({s["repo"] for s in sources if s.get("repo")})
-
-    eval_results = [EvalResult(task_type="text-generation", dataset_type=f"hitoban-eval/{r['domain']}",
-                               dataset_name=r["domain"], metric_type="bits_per_character",
-                               metric_value=round(r["bits_per_char"], 4), metric_name=f"bits/char ({r['domain']})")
-                    for r in own_bpc]
-    for key, label in (("repetition_rate", "repetition rate"), ("topic_rate", "topic retention rate"),
-                       ("broken_rate", "breakdown rate")):
-        if key in gen:
-            eval_results.append(EvalResult(task_type="text-generation",
-                                           dataset_type=f"hitoban-eval/{Path(gen.get('questions', 'questions')).stem}",
-                                           dataset_name=gen.get("questions", "questions"), metric_type=key,
-                                           metric_value=gen[key], metric_name=label))
+    numbers = {"weights_sha256": prov.own, "parameters": total, "non_embedding_parameters": non_embedding,
+               "sources": {k: a.rel for k, a in art.items() if a is not None},
+               "measured_on": {k: prov.names[v] for k, v in measured_on.items()}}
+    sections = CardText(model_dir, repo, prov, art, measured_on, numbers)
+    lines = sections.overview(total, non_embedding, config) + sections.evaluation() + sections.usage()
+    lines += sections.training() + sections.data_section() + sections.limitations(total) + sections.licence(license)
     data = ModelCardData(language=["ja"], license=license, library_name="transformers",
-                         pipeline_tag="text-generation", model_name=name,
+                         pipeline_tag="text-generation", model_name=repo.split("/")[-1],
                          tags=["hitoban", "japanese", "from-scratch", "custom_code", "text-generation"],
-                         datasets=hub_datasets or None, eval_results=eval_results or None)
-
-    run = art.get("run", {})
-    heartbeat = art.get("heartbeat", {})
-    pretrain_metrics = art.get("pretrain_metrics", {})
-    tok_meta = art.get("tokenizer", {})
-    numbers = {"parameters": total, "non_embedding_parameters": non_embedding,
-               "sources": {k: p.name if k != "run" else "config.json (pretraining run)" for k, p in paths.items()}}
-
-    lines = [f"# {name}", "",
-             f"A {total / 1e6:.1f}M-parameter Japanese language model trained from scratch with "
-             "[hitoban](https://github.com/hitoban/hitoban) (一晩, \"one night\"): RoPE, RMSNorm, SwiGLU, no biases, "
-             "tied embeddings. Every number below was read from a file the run wrote; missing measurements say "
-             f"\"{NOT_MEASURED}\".", "", "## Overview", "", "| | |", "|---|---|",
-             f"| parameters | {total:,} ({non_embedding:,} non-embedding) |",
-             f"| layers / d_model / heads (kv) | {config['num_hidden_layers']} / {config['hidden_size']} / "
-             f"{config['num_attention_heads']} ({config['num_key_value_heads']}) |",
-             f"| context | {config['max_position_embeddings']} tokens |",
-             f"| vocabulary | {config['vocab_size']:,} (SentencePiece unigram, byte fallback) |",
-             f"| chars per token (held-out text) | "
-             f"{_fmt(tok_meta.get('heldout', {}).get('chars_per_token', tok_meta.get('chars_per_token')), 2)} |",
-             f"| pretraining tokens | {_fmt(heartbeat.get('tokens_seen'), 0)} |",
-             f"| pretraining steps | {_fmt(heartbeat.get('step'), 0)} (resumed {_fmt(heartbeat.get('resumes'), 0)} "
-             "times) |",
-             f"| best pretraining val loss | {_fmt(pretrain_metrics.get('val_loss'))} |",
-             f"| corpus | {_fmt(manifest.get('total_chars'), 0)} characters |",
-             f"| hardware | {run.get('hardware', NOT_MEASURED)} |",
-             f"| training time | {_fmt(heartbeat.get('elapsed_hours'), 2)} hours |", ""]
-    numbers.update({"tokens_seen": heartbeat.get("tokens_seen"), "pretrain_val_loss": pretrain_metrics.get("val_loss"),
-                    "corpus_chars": manifest.get("total_chars")})
-
-    lines += ["## Evaluation", ""]
-    if own_bpc:
-        lines += ["bits per character (3LM's definition: 256-token windows, nats / ln 2 / characters; lower is "
-                  "better). Scores only compare across models on the *same* domain: which model wins flips "
-                  "between domains, so read the whole table.", "",
-                  "| domain | bits/char | tokens |", "|---|---:|---:|"]
-        lines += [f"| {r['domain']} | {r['bits_per_char']:.4f}{' ⚠ ' + r['warning'] if 'warning' in r else ''} | "
-                  f"{r.get('tokens', '')} |" for r in own_bpc]
-        numbers["bits_per_char"] = {r["domain"]: r["bits_per_char"] for r in own_bpc}
-        if len(models_in_bpc) > 1:
-            lines += ["", "Cross-domain table (all models evaluated together):", "",
-                      "| model | " + " | ".join(sorted({r['domain'] for r in bpc_rows})) + " |",
-                      "|---|" + "---:|" * len({r['domain'] for r in bpc_rows})]
-            by = {(r["model"], r["domain"]): r["bits_per_char"] for r in bpc_rows}
-            for m in models_in_bpc:
-                lines.append(f"| {m} | " + " | ".join(_fmt(by.get((m, d))) for d in sorted({r['domain']
-                                                                                           for r in bpc_rows})) + " |")
-    else:
-        lines.append(f"bits per character: {NOT_MEASURED}.")
-    lines.append("")
-    if gen:
-        s = gen.get("sampling", {})
-        lines += [f"Generation metrics on {len(gen.get('results', []))} fixed questions "
-                  f"({gen.get('questions', '')}), sampled with temperature {s.get('temperature')}, top-k "
-                  f"{s.get('top_k')}, repetition penalty {s.get('repetition_penalty')}, seed 777+i:", "",
-                  "| metric | value | better |", "|---|---:|---|",
-                  f"| repetition rate | {gen['repetition_rate']} | lower |",
-                  f"| topic retention rate | {gen['topic_rate']} | higher |",
-                  f"| breakdown rate | {gen['broken_rate']} | lower |",
-                  f"| mean reply length | {gen['avg_reply_len']} chars | — |", ""]
-        numbers["generation"] = {k: gen[k] for k in ("repetition_rate", "topic_rate", "broken_rate", "avg_reply_len")}
-    else:
-        lines += [f"Generation metrics: {NOT_MEASURED}.", ""]
-    leaks = art.get("leaks")
-    if leaks:
-        verdict = "leaked: see leaks.json" if leaks["leaked"] else "no fragment found in the training corpus"
-        lines += [f"Contamination: {leaks['probes']} probes of {leaks['probe_chars']} characters from "
-                  f"{leaks['holdout']} ({leaks['holdout_lines']} lines) were searched exactly in the training "
-                  f"corpus: {verdict}.", ""]
-        numbers["leaks"] = {"probes": leaks["probes"], "leaked": leaks["leaked"]}
-    else:
-        lines += [f"Contamination check: {NOT_MEASURED}.", ""]
-    kill = art.get("killtest")
-    if kill:
-        lines += [f"Crash safety: the kill test killed training {kill['kills']} time(s) and resumed; the result was "
-                  f"{'bit-identical to' if kill['killed_bit_identical'] else 'different from'} an uninterrupted "
-                  f"run ({kill['mode']}; passed: {kill['passed']}).", ""]
-        numbers["killtest_passed"] = kill["passed"]
-
-    lines += ["## Usage", "", "With hitoban installed (`pip install hitoban`), or without it through the remote code "
-              "saved beside the weights:", "", "```python",
-              "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
-              f'tok = AutoTokenizer.from_pretrained("{repo}")',
-              f'model = AutoModelForCausalLM.from_pretrained("{repo}", trust_remote_code=True)',
-              'messages = [{"role": "user", "content": "おすすめの本を教えて"}]',
-              "ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors=\"pt\", "
-              "return_dict=True)",
-              "out = model.generate(**ids, max_new_tokens=120, do_sample=True, temperature=0.8, top_k=40,",
-              "                     repetition_penalty=1.15, eos_token_id=tok.convert_tokens_to_ids(\"<|end|>\"))",
-              "print(tok.decode(out[0, ids[\"input_ids\"].shape[1]:], skip_special_tokens=True))", "```", "",
-              "The architecture is Llama-compatible: `hitoban export-llama MODEL OUT` writes a `LlamaForCausalLM` "
-              "folder (checked logit-for-logit) that needs no remote code.", ""]
-
-    sft = art.get("sft")
-    lines += ["## Training procedure", "",
-              f"Pretraining with Accelerate on shards of the corpus below: "
-              f"{_fmt(run.get('total_steps'), 0)} steps of {_fmt(run.get('tokens_per_step'), 0)} tokens, AdamW, "
-              f"cosine schedule; crash-safe A/B checkpoints with exact resume."]
-    if sft:
-        lines.append(f"Chat fine-tune ({sft['stage']}) with the Hugging Face Trainer, loss on assistant turns only: "
-                     f"{sft['conversations']:,} conversations, {sft['counted_ratio']:.1%} of tokens counted, best "
-                     f"val loss {sft['best_val_loss']:.4f} at step {sft['best_step']}.")
-        numbers["sft"] = {k: sft[k] for k in ("conversations", "counted_ratio", "best_val_loss", "best_step")}
-    else:
-        lines.append(f"Chat fine-tune: {NOT_MEASURED} (none recorded).")
-    lines += ["", "## Data and attribution", ""]
-    if sources:
-        lines += ["| source | licence | characters | share | revision |", "|---|---|---:|---:|---|"]
-        for s in sources:
-            lines.append(f"| {s.get('repo') or s['name']} | {s.get('license', '')} | "
-                         f"{s['chars']:,} | {s['share']:.1%} | {(s.get('revision') or '—')[:12]} |")
-        rejected = manifest.get("filters", {}).get("rejected", {})
-        masks = manifest.get("pii_masks", {})
-        lines += ["", f"Filters rejected: {', '.join(f'{k} {v:,}' for k, v in rejected.items()) or 'none'}. "
-                  "PII masked at build time: "
-                  f"{', '.join(f'{k} {v:,}' for k, v in masks.items() if k != 'enabled') or 'none found'}."]
-    else:
-        lines.append(f"Corpus manifest: {NOT_MEASURED}.")
-    names = " ".join(str(s.get("repo") or s["name"]).lower() for s in sources)
-    lines += ["", "## Limitations", "",
-              f"- A {total / 1e6:.1f}M-parameter model: fluent-looking text that is often wrong; do not rely on it "
-              "for facts or advice."]
-    if "fineweb" in names:
-        lines.append("- Web text carries the biases and errors of the web pages it came from.")
-    if "aozora" in names:
-        lines.append("- Aozora Bunko literature (public-domain works) adds an archaic style to some replies.")
-    if manifest.get("total_chars", 10**9) < 10**7:
-        lines.append(f"- Trained on only {manifest['total_chars']:,} characters: it knows little beyond that text.")
-    pii, canary = art.get("pii"), art.get("canary")
-    if pii:
-        pii_line = (f"- Privacy: a prefix attack tried {pii['tried']} e-mail addresses / phone numbers from the "
-                    f"training corpus and reproduced {pii['exact']} exactly and {pii['partial']} partially.")
-        if pii["exact"]:
-            pii_line += " **Exact reproductions were found: do not publish this model as is.**"
-        else:
-            pii_line += " \"This attack found none\" is not \"there are none\"."
-        lines.append(pii_line)
-        numbers["pii"] = {k: pii[k] for k in ("tried", "exact", "partial")}
-    else:
-        lines.append(f"- Privacy: PII extraction probe {NOT_MEASURED}.")
-    if canary:
-        rows = ", ".join(f"{r['exact']}/{r['canaries']} at {r['repetitions']}x"
-                         for r in canary["planted_model"]["by_repetitions"])
-        lines.append(f"- The probe's sensitivity was checked with planted fake contacts on a tiny model: "
-                     f"extracted {rows}; a model never trained on them extracted "
-                     f"{canary['clean_model']['exact_total']}.")
-        numbers["canary"] = canary["planted_model"]["by_repetitions"]
-    lines += ["", "## Licence", "",
-              f"Weights: {license}. Code (`modeling_hitoban.py`, `configuration_hitoban.py`): Apache-2.0, from "
-              "hitoban. Training data keeps its own licences (table above); "
-              "attribute them when you redistribute outputs derived from them.", ""]
-    card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines))
-    return card, numbers
+                         datasets=sections.hub_datasets() or None, eval_results=sections.eval_results() or None)
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines)), numbers
 
 
 def write_card(model_dir: str | os.PathLike, repo: str, search: list[str | os.PathLike] = (),
                out: str | os.PathLike | None = None) -> dict:
-    """Write README.md (and eval_results.json, the numbers it shows) into the model folder."""
+    """Write README.md (and eval_results.json, the numbers it shows with their sources) into the model folder."""
     card, numbers = build_card(model_dir, repo, search)
     out = Path(out) if out else Path(model_dir) / "README.md"
     card.save(out)
     (out.parent / "eval_results.json").write_text(json.dumps(numbers, indent=2, ensure_ascii=False),
                                                   encoding="utf-8")
-    return {"card": str(out), "measured": sorted(k for k in numbers["sources"]),
-            "not_measured": sorted(set(ARTEFACTS) - set(numbers["sources"]))}
+    kinds = ("run", "manifest", "tokenizer", "bpc", "gen", "leaks", "pii", "canary", "killtest", "sft")
+    return {"card": str(out), "measured": sorted(k for k in kinds if k in numbers["sources"]),
+            "not_measured": sorted(k for k in kinds if k not in numbers["sources"]), "sources": numbers["sources"]}

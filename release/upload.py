@@ -25,7 +25,8 @@ from hitoban.release.secrets import scan_files
 MODEL_ALLOW = ["model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json", "config.json",
                "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                "chat_template.jinja", "tokenizer.model", "configuration_*.py", "modeling_*.py", "README.md",
-               "LICENSE", "LICENSE.*", "NOTICE", "NOTICE.*", "metrics.json", "eval_results.json"]
+               "LICENSE", "LICENSE.*", "NOTICE", "NOTICE.*", "metrics.json", "eval_results.json",
+               "lineage.json"]
 SPACE_ALLOW = ["app.py", "requirements.txt", "README.md", "LICENSE", "NOTICE"]
 NEVER = ["optimizer*", "*optimizer*.safetensors", "*.pt", "*.pth", "*.ckpt", "training_args.bin", "rng_state*",
          "scheduler*", "trainer_state.json", "train_state.json", "*.jsonl", "*.log", "log*", "heartbeat.json",

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hitoban.errors import HitobanError
+from hitoban.provenance import write_lineage
 from hitoban.training.tokenizer import TOKENIZER_FILES
 
 SLOTS = ("ckpt-A", "ckpt-B")
@@ -178,14 +179,16 @@ def check_resumable(train_state: dict, fingerprint: dict, allow: frozenset[str] 
 
 
 def export_final(run: Path, slot: Path, metrics: dict) -> Path:
-    """Copy a slot's model + tokenizer (no optimizer) to RUN/final via a temp dir and rename."""
+    """Copy a slot's model + tokenizer (no optimizer) to RUN/final via a temp dir and rename; `metrics` (the facts
+    of these weights) go into metrics.json and lineage.json."""
     final, tmp = run / "final", run / "final.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     for item in slot.iterdir():
         if item.name not in ("optimizer.safetensors", "COMPLETE", "train_state.json"):
             shutil.copy2(item, tmp / item.name)
-    _write_text(tmp / "metrics.json", json.dumps(metrics, indent=2))
+    lineage = write_lineage(tmp, "pretrain", **metrics)
+    _write_text(tmp / "metrics.json", json.dumps({**metrics, "weights_sha256": lineage["weights_sha256"]}, indent=2))
     old = run / "final.old"
     if final.exists():
         os.replace(final, old)

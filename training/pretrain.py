@@ -20,6 +20,7 @@ import platform
 import shutil
 import signal
 import time
+import uuid
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from tqdm.auto import tqdm
 
 from hitoban.errors import ExitCode, HitobanError, ResourceError, UsageError
 from hitoban.modeling import PRESETS, HitobanConfig, HitobanForCausalLM
+from hitoban.provenance import read_lineage
 from hitoban.training.checkpoint import (
     CheckpointError,
     check_resumable,
@@ -252,6 +254,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
                       bias_correction=cfg.adam_bias_correction)
 
     state = {"step": 0, "tokens_seen": 0, "best_val": None, "seed": cfg.seed, "elapsed_sec": 0.0, "resumes": 0,
+             "run_id": uuid.uuid4().hex,  # names this run in every model it exports (lineage.json) and in the card
              "data_index_sha256": fingerprint["data_index_sha256"], "fingerprint": fingerprint,
              "args": {k: v for k, v in asdict(cfg).items() if k not in ("data", "out")}}
     slot = current_slot(run) if cfg.resume == "auto" and run.exists() else None
@@ -262,6 +265,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
         if not saved.pop("optimizer_restored"):
             print(f"warning: {slot.name} has no optimizer state; moments restart from zero", flush=True)
         state.update({k: saved[k] for k in ("step", "tokens_seen", "best_val", "elapsed_sec", "resumes")})
+        state["run_id"] = saved.get("run_id", state["run_id"])
         state["resumes"] += 1
     elif cfg.resume == "never" and run.exists() and main:
         # A fresh start must leave nothing a later --resume auto could mistake for this run's checkpoint.
@@ -280,12 +284,23 @@ def pretrain(cfg: PretrainConfig) -> dict:
             with open(log_file, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
+    hardware = hardware_description(device, world, precision)
     if main:
-        _write_json_atomic(run / "config.json", {"model": fingerprint["model_config"], "args": state["args"],
+        _write_json_atomic(run / "config.json", {"kind": "pretrain-run", "run_id": state["run_id"],
+                                                  "model": fingerprint["model_config"], "args": state["args"],
                                                   "data_index_sha256": fingerprint["data_index_sha256"],
                                                   "tokenizer_sha256": fingerprint["tokenizer_sha256"],
                                                   "total_steps": total_steps, "tokens_per_step": tokens_per_step,
-                                                  "hardware": hardware_description(device, world, precision)})
+                                                  "hardware": hardware, "fingerprint": fingerprint})
+
+    def export(slot_path: Path, val_loss: float | None) -> None:
+        """The best-validation model to RUN/final, with the facts of *these* weights (lineage.json)."""
+        export_final(run, slot_path, {"run": run.name, "run_id": state["run_id"], "step": state["step"],
+                                      "total_steps": total_steps, "val_loss": val_loss,
+                                      "tokens_seen": state["tokens_seen"], "resumes": state["resumes"],
+                                      "elapsed_hours": round(elapsed() / 3600, 4), "hardware": hardware,
+                                      "data_index_sha256": fingerprint["data_index_sha256"],
+                                      "tokenizer_sha256": fingerprint["tokenizer_sha256"]})
     start_step = state["step"]
     if slot is not None and main:
         print(f"# resumed at step {start_step} (resume {state['resumes']}, from {slot.name})", flush=True)
@@ -388,8 +403,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
                     state["best_val"] = result["val_loss"]
                     slot_path = save()
                     if main:
-                        export_final(run, slot_path, {"step": done, "val_loss": round(result["val_loss"], 4),
-                                                      "tokens_seen": state["tokens_seen"]})
+                        export(slot_path, round(result["val_loss"], 4))
         if cfg.max_hours and elapsed() > cfg.max_hours * 3600:
             stop_reason = "max_hours"
         if stop.reason:
@@ -408,13 +422,16 @@ def pretrain(cfg: PretrainConfig) -> dict:
     if last_saved_step != state["step"]:
         save()
     if main and val is not None and not (run / "final").exists():
-        export_final(run, current_slot(run), {"step": state["step"], "val_loss": state["best_val"],
-                                              "tokens_seen": state["tokens_seen"]})
+        export(current_slot(run), state["best_val"])
     heartbeat(finished=True)
     summary = {"steps": state["step"], "total_steps": total_steps, "tokens_seen": state["tokens_seen"],
                "best_val": state["best_val"], "resumes": state["resumes"], "stop_reason": stop_reason,
                "elapsed_hours": round(elapsed() / 3600, 4), "session_seconds": round(time.time() - started, 1)}
     if main:
+        final_lineage = read_lineage(run / "final") if (run / "final").exists() else None
+        _write_json_atomic(run / "summary.json", {"kind": "pretrain-summary", "run_id": state["run_id"], **summary,
+                                                   "final_weights_sha256": (final_lineage or {}).get("weights_sha256"),
+                                                   "final_step": (final_lineage or {}).get("step")})
         print(f"pretrain stopped ({stop_reason}) at step {state['step']:,}/{total_steps:,}, best val "
               f"{state['best_val']}, resumes {state['resumes']}"
               + ("" if state["step"] == total_steps else "; resume with the same command (--resume auto)"),

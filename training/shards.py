@@ -31,6 +31,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from hitoban.errors import InputError, OutputExistsError
+from hitoban.provenance import sha256_file
 from hitoban.training.corpus import iter_corpus, load_manifest
 from hitoban.training.tokenizer import SPECIAL_TOKENS, TOKENIZER_FILES, load_tokenizer
 
@@ -40,14 +41,6 @@ SHARD_TOKENIZER_FILES = (*TOKENIZER_FILES, "tokenizer_meta.json", "sentencepiece
 
 class ShardError(InputError):
     """A shard set is incomplete, edited, or does not belong to the given tokenizer; names the file."""
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def tokenizer_sha256(tokenizer_dir: Path) -> str:
