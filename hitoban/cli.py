@@ -212,40 +212,61 @@ def _shards(args) -> int:
     return 0
 
 
-def _pretrain_args(p):
+def _training_options(p) -> None:
+    """The options that shape a pretraining run: shared by `pretrain` and `killtest` (which must test the night's
+    exact configuration), so no option or default is written twice."""
     p.add_argument("--data", required=True, help="a shard folder from `hitoban shards`")
-    p.add_argument("--out", required=True, help="run folder: checkpoints, final/, log.jsonl, heartbeat.json")
     p.add_argument("--preset", default="3lm", help="model shape: tiny, small, 3lm, zxell-s")
-    budget = p.add_mutually_exclusive_group(required=True)
-    budget.add_argument("--tokens", type=float, help="token budget (the LR schedule is built for exactly this)")
-    budget.add_argument("--steps", type=int, help="step budget")
     p.add_argument("--batch-size", type=int, default=32, help="sequences per optimizer step, over all processes")
     p.add_argument("--context", type=int, help="tokens per sequence (default: the preset's)")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (same result, less memory)")
-    p.add_argument("--lr", type=float, default=6e-4)
-    p.add_argument("--min-lr-ratio", type=float, default=0.1)
-    p.add_argument("--warmup-frac", type=float, default=0.02)
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate")
+    p.add_argument("--min-lr-ratio", type=float, default=0.1, help="the cosine ends at this fraction of the peak")
+    p.add_argument("--warmup-frac", type=float, default=0.02, help="warmup: max(100 steps, this fraction)")
+    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW decoupled weight decay")
+    p.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient norm (0: off)")
     p.add_argument("--no-adam-bias-correction", action="store_true",
                    help="3LM/MLX AdamW semantics: no bias correction (smaller first updates)")
-    p.add_argument("--dropout", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--resume", choices=["auto", "never"], default="auto")
-    p.add_argument("--allow-change", metavar="OPTION,...",
-                   help="resume even though these options differ from the checkpoint's (e.g. lr,total_steps); "
-                        "the change is recorded in log.jsonl")
-    p.add_argument("--save-every-steps", type=int)
-    p.add_argument("--save-every-min", type=float, default=10.0)
-    p.add_argument("--eval-every", type=int, default=500)
-    p.add_argument("--eval-batches", type=int, default=20)
-    p.add_argument("--log-every", type=int, default=50)
-    p.add_argument("--max-hours", type=float, help="save and stop cleanly after this much training time")
+    p.add_argument("--dropout", type=float, default=0.0, help="residual and embedding dropout")
+    p.add_argument("--seed", type=int, default=1234, help="initialisation and batches: (seed, step) -> batch")
     p.add_argument("--precision", choices=["auto", "no", "bf16", "fp16"], default="auto",
                    help="auto: bf16 on CUDA, fp32 elsewhere")
     p.add_argument("--cpu", action="store_true", help="train on the CPU even when a GPU/MPS is present")
     p.add_argument("--memory-cap-gb", type=float, help="cap GPU/MPS memory for this process")
     p.add_argument("--skip-memory-check", action="store_true")
+
+
+TRAINING_FLAGS = ("--no-adam-bias-correction", "--cpu", "--skip-memory-check")
+
+
+def training_argv(args) -> list[str]:
+    """The training options of parsed `args` as command-line arguments again (for the kill test's runs)."""
+    argv = []
+    for flag in ("--preset", "--batch-size", "--context", "--grad-accum", "--lr", "--min-lr-ratio", "--warmup-frac",
+                 "--weight-decay", "--grad-clip", "--dropout", "--seed", "--precision", "--memory-cap-gb"):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv + [flag for flag in TRAINING_FLAGS if getattr(args, flag[2:].replace("-", "_"))]
+
+
+def _pretrain_args(p):
+    _training_options(p)
+    p.add_argument("--out", required=True, help="run folder: checkpoints, final/, log.jsonl, heartbeat.json")
+    budget = p.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--tokens", type=float, help="token budget (the LR schedule is built for exactly this)")
+    budget.add_argument("--steps", type=int, help="step budget")
+    p.add_argument("--resume", choices=["auto", "never"], default="auto",
+                   help="auto: continue from the last complete checkpoint; never: start over in --out")
+    p.add_argument("--allow-change", metavar="OPTION,...",
+                   help="resume even though these options differ from the checkpoint's (e.g. lr,total_steps); "
+                        "the change is recorded in log.jsonl")
+    p.add_argument("--save-every-steps", type=int, help="also save every N steps")
+    p.add_argument("--save-every-min", type=float, default=10.0, help="save at least this often (minutes)")
+    p.add_argument("--eval-every", type=int, default=500, help="validation every N steps (and at the end)")
+    p.add_argument("--eval-batches", type=int, default=20, help="fixed validation batches per evaluation")
+    p.add_argument("--log-every", type=int, default=50, help="a train record in log.jsonl every N steps")
+    p.add_argument("--max-hours", type=float, help="save and stop cleanly after this much training time")
     p.add_argument("--supervise", action="store_true",
                    help="relaunch after a crash while the saved step advances; keep the machine awake")
     p.add_argument("--max-restarts", type=int, default=40)
@@ -276,25 +297,24 @@ def _pretrain(args) -> int:
 
 
 def _killtest_args(p):
-    p.add_argument("--data", required=True, help="a shard folder (a small one is enough)")
+    _training_options(p)
     p.add_argument("--work", default="hitoban-killtest", help="scratch folder; killtest.json and .png land here")
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--preset", default="tiny")
-    p.add_argument("--context", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--steps", type=int, default=60, help="length of each run (the night's other options are kept)")
     p.add_argument("--kills", type=int, default=2, help="SIGKILLs (the first lands inside a checkpoint save)")
+    p.add_argument("--eval-every", type=int, help="validation every N steps (default: at the end only)")
 
 
-@verb("killtest", "SIGKILL a real run twice (once mid-save), resume, compare with an uninterrupted run")(
-    _killtest_args)
+@verb("killtest", "SIGKILL a real run of the night's configuration twice (once mid-save), resume, compare with an "
+                  "uninterrupted run")(_killtest_args)
 def _killtest(args) -> int:
     from hitoban.training.killtest import run_killtest
 
-    result = run_killtest(args.data, args.work, args.steps, args.preset, args.context, args.batch_size, args.kills)
+    options = training_argv(args) + (["--eval-every", str(args.eval_every)] if args.eval_every else [])
+    result = run_killtest(args.data, args.work, options, steps=args.steps, kills=args.kills)
     failed = [name for name, ok in result["checks"].items() if not ok]
     print(f"kill test {'PASSED' if result['passed'] else 'FAILED: ' + ', '.join(failed)} ({result['mode']}, "
           f"{result['seconds']} s) -> {args.work}/killtest.json, killtest.png")
-    return 0 if result["passed"] else 1
+    return 0 if result["passed"] else int(ExitCode.CHECK_FAILED)
 
 
 def _watch_args(p):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from hitoban.doctor import builtin_documents
-from hitoban.errors import OutputExistsError, UsageError
+from hitoban.errors import CheckFailed, OutputExistsError, UsageError
 
 HELD_OUT_EVERY = 7  # every 7th builtin document / dialogue is kept out of training for evaluation
 REPO_ID = "your-name/hitoban-demo"
@@ -131,60 +130,30 @@ class Stages:
         return value
 
 
-def _pretrain_command(shards: Path, out: Path, settings: DemoSettings, cpu: bool, seed: int) -> list[str]:
-    return [sys.executable, "-m", "hitoban.cli", "pretrain", "--data", str(shards), "--out", str(out),
-            "--preset", "tiny", "--steps", str(settings.pretrain_steps), "--batch-size", str(settings.batch_size),
-            "--context", str(settings.context), "--lr", str(settings.pretrain_lr), "--warmup-frac", "0.05",
-            "--seed", str(seed), "--log-every", "10", "--eval-every", str(max(settings.pretrain_steps // 6, 10)),
-            "--eval-batches", "4", "--save-every-steps", "10", "--no-progress"] + (["--cpu"] if cpu else [])
+def pretrain_options(settings: DemoSettings, cpu: bool, seed: int) -> list[str]:
+    """The demo night's `hitoban pretrain` options (the kill test runs exactly these)."""
+    return (["--preset", "tiny", "--batch-size", str(settings.batch_size), "--context", str(settings.context),
+             "--lr", str(settings.pretrain_lr), "--warmup-frac", "0.05", "--seed", str(seed),
+             "--eval-every", str(max(settings.pretrain_steps // 6, 10)), "--eval-batches", "4"]
+            + (["--cpu"] if cpu else []))
 
 
 def pretrain_with_kill(shards: Path, out: Path, settings: DemoSettings, cpu: bool, seed: int, log) -> dict:
-    """Train, SIGKILL halfway (no warning, like a power cut), resume; in parallel an uninterrupted reference run
-    with the same seed. On CPU the two final models must be bit-identical."""
-    from hitoban.training.checkpoint import current_slot
-    from hitoban.training.killtest import bit_identical, max_weight_diff, train_losses
+    """The real kill test (`hitoban killtest`'s harness) on the demo's configuration: its killed-and-resumed run
+    is the demo's model (out/run), checked against two uninterrupted runs and a dropped-optimizer control."""
+    from hitoban.training.killtest import run_killtest, train_losses
 
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    run, reference = out / "run", out / "reference-run"
-    shutil.rmtree(reference, ignore_errors=True)
-
-    def start(folder: Path) -> subprocess.Popen:
-        return subprocess.Popen(_pretrain_command(shards, folder, settings, cpu, seed), env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-    ref_proc, proc = start(reference), start(run)
-    kill_after = settings.pretrain_steps // 2
-    deadline = time.time() + 900
-    while proc.poll() is None and time.time() < deadline:
-        steps, _ = train_losses(run) if (run / "log.jsonl").exists() else ({}, [])
-        if steps and max(steps) >= kill_after and current_slot(run) is not None:
-            break
-        time.sleep(0.05)
-    if proc.poll() is not None:
-        raise RuntimeError(f"pretraining ended before it could be killed:\n{proc.communicate()[0][-3000:]}")
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate()
-    survived = json.loads((current_slot(run) / "train_state.json").read_text())["step"]
-    log(f"     SIGKILL at step >= {kill_after}; last complete checkpoint: step {survived}; resuming ...")
-    resumed = start(run)
-    for p, name in ((resumed, "resumed run"), (ref_proc, "reference run")):
-        output, _ = p.communicate()
-        if p.returncode:
-            raise RuntimeError(f"pretraining ({name}) failed:\n{output[-3000:]}")
-    losses, _ = train_losses(run)
-    records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
-    resumes = [r for r in records if r.get("type") == "resume"]
-    evals = [r for r in records if r.get("type") == "eval"]
-    identical = bit_identical(reference, run)
-    diff = max_weight_diff(reference, run)
-    shutil.rmtree(reference)
-    return {"kills": 1, "killed_at_steps": [survived], "resumes": len(resumes),
-            "resumed_from_step": resumes[0]["step"] if resumes else None,
-            "mode": "bit-exact (CPU)" if cpu else "same device", "killed_bit_identical": identical,
-            "killed_diff": diff, "passed": bool(resumes) and (identical or not cpu),
-            "loss_first": losses[min(losses)], "loss_last": losses[max(losses)],
-            "val_loss_best": min(r["val_loss"] for r in evals) if evals else None, "steps": max(losses)}
+    result = run_killtest(shards, out / "killtest", pretrain_options(settings, cpu, seed),
+                          steps=settings.pretrain_steps, kills=2, killed_run=out / "run", log=lambda *_: None)
+    shutil.copy2(out / "killtest" / "killtest.json", out / "killtest.json")
+    shutil.copy2(out / "killtest" / "killtest.png", out / "killtest.png")
+    for name in ("base1", "base2", "noopt"):  # only the reports are kept; the run itself is out/run
+        shutil.rmtree(out / "killtest" / name, ignore_errors=True)
+    losses, _ = train_losses(out / "run")
+    evals = [json.loads(line) for line in (out / "run" / "log.jsonl").read_text().splitlines()
+             if json.loads(line).get("type") == "eval"]
+    return {**result, "loss_first": losses[min(losses)], "loss_last": losses[max(losses)],
+            "val_losses": [(r["step"], r["val_loss"]) for r in evals]}
 
 
 def check_from_pretrained(release: Path) -> str:
@@ -271,13 +240,15 @@ class DemoRun:
         from hitoban.evaluation.plots import plot_run
 
         result = pretrain_with_kill(self.out / "shards", self.out, self.settings, self.cpu, self.seed, self.log)
-        (self.out / "killtest.json").write_text(json.dumps(result, indent=2))
         plot_run(self.out / "run", self.out / "plots")
+        if not result["passed"]:
+            failed = [name for name, ok in result["checks"].items() if not ok]
+            raise CheckFailed(f"the kill test failed ({', '.join(failed)}): see {self.out}/killtest.json")
         same = ("bit-identical to" if result["killed_bit_identical"] else
-                f"max |diff| {result['killed_diff']:.1e} from")
-        return (f"loss {result['loss_first']:.2f} -> {result['loss_last']:.2f} in {result['steps']} steps; SIGKILL "
-                f"at step {result['killed_at_steps'][0]}, resumed from step {result['resumed_from_step']}, "
-                f"{same} an uninterrupted run"), result
+                f"max |diff| {result['killed_diff']:.1e} ({result['mode']}) from")
+        return (f"loss {result['loss_first']:.2f} -> {result['loss_last']:.2f} in {result['steps']} steps; SIGKILLed "
+                f"at steps {result['killed_at_steps']} (once mid-save), resumed {result['resumes']}x, {same} an "
+                "uninterrupted run; dropped-optimizer control detected"), result
 
     def sft(self):
         from hitoban.training.chat_data import ChatFilterSettings

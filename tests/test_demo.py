@@ -33,8 +33,11 @@ def test_loss_fell_and_the_killed_run_resumed_bit_identically(demo):
     _, report = demo
     pretrain = report["pretrain"]
     assert pretrain["loss_last"] < pretrain["loss_first"] - 1.0
-    assert pretrain["resumes"] == 1 and 0 < pretrain["killed_at_steps"][0] < pretrain["steps"]
-    assert pretrain["killed_bit_identical"] and pretrain["passed"]
+    assert pretrain["resumes"] == 2 and 0 < pretrain["killed_at_steps"][0] < pretrain["steps"]
+    assert pretrain["killed_bit_identical"] and pretrain["passed"] and pretrain["checks"]["control_detected"]
+    out, _ = demo
+    killtest = json.loads((out / "killtest.json").read_text())  # the one schema `hitoban killtest` writes
+    assert killtest["kind"] == "kill-test" and killtest["restore"]["exact"] and killtest["noise"] == 0.0
     sft = report["sft"]
     assert sft["best_val_loss"] < sft["first_val_loss"]
 

@@ -33,7 +33,8 @@ SMALLER = [
     ("--vocab-size 32000", "--vocab-size 4000"),
     ("--out data/shards\n", "--out data/shards --val-every 4 --shard-tokens 100000 --context 64\n"),
     ("--hours 8 ", "--hours 8 --candidate tiny:8 --steps 2 --warmup 1 "),
-    ("--work runs/killtest", "--work runs/killtest --steps 20"),
+    ("--preset 3lm --batch-size 32 --work runs/killtest",
+     "--preset tiny --batch-size 8 --context 64 --work runs/killtest --steps 20"),
     ("--preset 3lm --batch-size 32 --tokens 367608645", "--preset tiny --batch-size 8 --context 64 --steps 30"),
     ("--max-hours 8.5 --supervise", "--max-hours 8.5 --supervise --eval-every 10 --eval-batches 2 --no-progress"),
     ("--out runs/sft --exclude", "--out runs/sft --max-steps 10 --eval-steps 5 --batch-size 8 --exclude"),
@@ -133,7 +134,11 @@ def test_every_ci_command_in_the_readme_runs(tmp_path, monkeypatch):
                  "runs/tone-trainer/model.safetensors", "runs/ddp/log.jsonl"):
         assert (tmp_path / path).exists(), path
     card = (tmp_path / "runs/sft/README.md").read_text(encoding="utf-8")
-    assert "| literature |" in card and "Crash safety" in card and "prefix attack tried" in card
+    assert "| literature |" in card and "prefix attack tried" in card
+    assert "the kill test ran this run's exact configuration" in card  # not the kill test's own base run
+    numbers = json.loads((tmp_path / "runs/sft/eval_results.json").read_text(encoding="utf-8"))
+    assert numbers["sources"]["run"] == "runs/night/config.json" and numbers["sources"]["killtest"] == \
+        "runs/killtest/killtest.json"
     pii = json.loads((tmp_path / "runs/sft/pii.json").read_text(encoding="utf-8"))
     assert pii["status"] == "measured" and pii["mining"]["from_masked_log"] == 3  # contacts tried, not "none"
 

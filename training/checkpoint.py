@@ -8,6 +8,7 @@ leaves CURRENT naming an intact slot. A slot without COMPLETE is never loaded: c
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -22,8 +23,10 @@ from hitoban.provenance import write_lineage
 from hitoban.training.tokenizer import TOKENIZER_FILES
 
 SLOTS = ("ckpt-A", "ckpt-B")
-# Test hook for the kill test: pause inside a save (after the weights, before COMPLETE) so a SIGKILL lands mid-save.
+# Test hooks for the kill test: pause inside a save (after the weights, before COMPLETE) so a SIGKILL lands
+# mid-save; and write a digest of the *in-memory* state just before each save, for check [A].
 PAUSE_IN_SAVE_ENV = "HITOBAN_PAUSE_IN_SAVE"
+STATE_DIGEST_ENV = "HITOBAN_STATE_DIGEST_DIR"
 
 
 class CheckpointError(HitobanError, RuntimeError):
@@ -93,11 +96,25 @@ def load_optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimi
     return step
 
 
+def state_digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, str]:
+    """sha256 of every weight and every optimizer tensor (m, v, step, lr), as bytes: equal digests = equal state."""
+    def digest(t: torch.Tensor) -> str:
+        raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        return f"{t.dtype}{tuple(t.shape)}:" + hashlib.sha256(raw).hexdigest()
+
+    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    tensors.update({f"optimizer.{k}": v for k, v in optimizer_tensors(model, optimizer).items()})
+    return {name: digest(t) for name, t in sorted(tensors.items())}
+
+
 def save_checkpoint(run: Path, model, optimizer, train_state: dict, tokenizer_dir: Path | None) -> Path:
     """Write the slot CURRENT does not name, then point CURRENT at it. Returns the slot path."""
     run = Path(run)
     named = current_slot(run)
     target = run / (SLOTS[1] if named is not None and named.name == SLOTS[0] else SLOTS[0])
+    if os.environ.get(STATE_DIGEST_ENV):  # the kill test's check [A]: the state as it was in memory
+        _write_text(Path(os.environ[STATE_DIGEST_ENV]) / f"step-{train_state['step']}.json",
+                    json.dumps(state_digest(model, optimizer)))
     try:
         if target.exists():
             shutil.rmtree(target)
