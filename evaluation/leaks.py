@@ -1,28 +1,38 @@
-"""`hitoban leaks`: exact scan of corpora for held-out text (SPEC §7, 3LM §8).
+"""`hitoban leaks`: exact scan of corpora for held-out text (SPEC §7, 3LM §8), dialogues included.
 
-Probes: for each holdout line (chat markers removed, whitespace collapsed) of >= 48 chars, 3 probes of 48 chars at
-the start, middle and end, each extended until it is >= 96 UTF-8 bytes (3LM's construction). The corpus is read
-in chunks that overlap by (longest probe - 1) bytes, so a match straddling a chunk border is seen whole; every
-candidate is confirmed byte for byte and counted once per absolute offset: no false negatives, no false positives.
-Before every scan a self-test plants a needle across chunk borders and requires exactly the planted count.
+A held-out item is a line of a text file (chat markers split it into turns, 3LM's line format) or a JSONL record
+(`messages`, or `user`/`assistant`). It is probed three ways, each exact:
+- line: 3 probes of 48 chars (start, middle, end) of the whole item, markers removed, each extended to >= 96 UTF-8
+  bytes (3LM's construction);
+- turn: the same 3 probes inside every turn of >= 48 chars, so a probe never straddles a turn boundary, which
+  only matches text joined exactly as the holdout joins it;
+- whole-turn: a dialogue's shorter turns (>= 23 bytes each) matched whole, and found only when all of them occur
+  in order, each within 64 bytes of the previous one (what separates turns in plain text, 3LM's markers or JSON);
+  where only one turn is long enough to match, that turn counts on its own if it has >= 24 chars.
+The report says how many items were probed, how, and which could not be and why.
 
-Engines (the report names the one that ran):
-- `sampled-grams` (default): NumPy over the text's aligned 8-byte words. Any occurrence of a probe of >= 23 bytes
-  covers one 16-byte gram that starts on an 8-byte boundary of the text, at offset 0..7 of the probe; the 8
-  possible grams of every probe are hashed into a 1 MiB bitmap, so the scan is a few vectorised passes over
-  len/8 words, and only exact 64-bit key matches reach the byte-for-byte check.
-- `hyperscan` (Intel's multi-literal matcher) and `ahocorasick-rs`, for short probes or as a cross-check.
-A `hitoban corpus` folder is scanned through its documents.jsonl, with JSON-escaped probe variants so a quote or
-backslash in the text cannot hide a leak.
+Corpora: text files are scanned as bytes; `.jsonl` files and `hitoban corpus` folders (documents.jsonl) are parsed
+and their strings scanned, so JSON escapes (`\\u3042`, `\\"`) cannot hide a leak. Each corpus is read in chunks
+that overlap by (longest pattern - 1) bytes, every candidate is confirmed byte for byte and counted once per
+offset: no false negatives, no false positives. Before every scan a self-test runs this whole path on planted
+text: a needle across chunk borders, and a dialogue of short turns written as ASCII-escaped JSONL.
+
+Engine: `sampled-grams` (default, NumPy). Any occurrence of a pattern of >= 23 bytes covers one 16-byte gram that
+starts on an 8-byte boundary of the text, at offset 0..7 of the pattern; the 8 possible grams of every pattern are
+hashed into a 1 MiB bitmap, so the scan is a few vectorised passes over len/8 words, and only exact 64-bit key
+matches reach the byte-for-byte check. `hyperscan` and `ahocorasick-rs` remain as --engine options.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +41,10 @@ from hitoban.errors import InputError
 
 MARKERS = re.compile(r"<\|(?:user|assistant|end|endoftext|unk)\|>")
 CHUNK = 16 * 2**20
+MIN_WHOLE_TURN_BYTES = 23  # the fast engine's minimum, so whole turns never force a slower engine
+MIN_SINGLE_TURN_CHARS = 24  # a lone short item is evidence on its own only from this length
+CHAIN_GAP_BYTES = 64  # turns of one dialogue count as "together" when at most this far apart
+MAX_POSITIONS = 200_000  # per whole-turn pattern: a phrase more common than this is useless as evidence
 
 
 class LeakScanError(InputError):
@@ -38,21 +52,100 @@ class LeakScanError(InputError):
 
 
 def make_probes(lines: Iterable[str], length: int = 48, per_line: int = 3, min_bytes: int = 96) -> dict[str, int]:
-    """probe text -> first holdout line number (1-based)."""
+    """probe text -> first line number (1-based): 3LM's construction on each whole line, markers removed."""
     probes: dict[str, int] = {}
     for number, raw in enumerate(lines, 1):
-        line = " ".join(MARKERS.sub(" ", raw).split())
-        if len(line) < length:
-            continue
-        for i in range(per_line):
-            start = round((len(line) - length) * i / max(per_line - 1, 1))
-            end = start + length
-            while len(line[start:end].encode("utf-8")) < min_bytes and end < len(line):
-                end += 1
-            probe = line[start:end]
-            if len(probe.encode("utf-8")) >= min_bytes:
-                probes.setdefault(probe, number)
+        for probe in _cut(" ".join(MARKERS.sub(" ", raw).split()), length, per_line, min_bytes):
+            probes.setdefault(probe, number)
     return probes
+
+
+def _cut(text: str, length: int, per_line: int, min_bytes: int) -> list[str]:
+    if len(text) < length:
+        return []
+    probes = []
+    for i in range(per_line):
+        start = round((len(text) - length) * i / max(per_line - 1, 1))
+        end = start + length
+        while len(text[start:end].encode("utf-8")) < min_bytes and end < len(text):
+            end += 1
+        if len(text[start:end].encode("utf-8")) >= min_bytes:
+            probes.append(text[start:end])
+    return probes
+
+
+def split_turns(raw: str) -> list[str]:
+    return [" ".join(turn.split()) for turn in MARKERS.split(raw) if turn.strip()]
+
+
+def read_holdout(path: Path) -> list[list[str]]:
+    """Held-out items as lists of turns: text lines (markers split turns) or JSONL chats."""
+    if path.suffix != ".jsonl":
+        return [split_turns(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    items = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            items.append([])
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as err:
+            raise LeakScanError(f"{path.name}:{number}: not JSON ({err})") from err
+        if "messages" in record:
+            items.append([" ".join(str(m.get("content", "")).split()) for m in record["messages"]])
+        else:
+            items.append([" ".join(str(record[k]).split()) for k in ("user", "assistant", "text") if k in record])
+    return items
+
+
+@dataclass
+class ProbePlan:
+    """What is searched for and how each hit maps back to held-out items."""
+
+    probes: dict[str, tuple[str, int]] = field(default_factory=dict)  # text -> (line | turn, item)
+    whole: list[str] = field(default_factory=list)  # whole-turn patterns
+    chains: list[tuple[int, list[int], list[int]]] = field(default_factory=list)  # item, whole ids, max gap before
+    singles: dict[int, list[int]] = field(default_factory=dict)  # whole id -> items it proves on its own
+    coverage: dict = field(default_factory=dict)
+
+    def whole_id(self, text: str) -> int:
+        if text not in self.whole:
+            self.whole.append(text)
+        return self.whole.index(text)
+
+
+def plan_probes(items: list[list[str]], length: int = 48, per_line: int = 3, min_bytes: int = 96) -> ProbePlan:
+    plan, how, unprobed = ProbePlan(), Counter(), Counter()
+    examples: list[int] = []
+    for number, turns in enumerate(items, 1):
+        ways = set()
+        for probe in _cut(" ".join(" ".join(turns).split()), length, per_line, min_bytes):
+            plan.probes.setdefault(probe, ("line", number))
+            ways.add("line")
+        for turn in turns:
+            for probe in _cut(turn, length, per_line, min_bytes):
+                plan.probes.setdefault(probe, ("turn", number))
+                ways.add("turn")
+        short = [(i, t) for i, t in enumerate(turns) if len(t) < length]
+        usable = [(i, t) for i, t in short if len(t.encode("utf-8")) >= MIN_WHOLE_TURN_BYTES]
+        if len(usable) >= 2:
+            gaps = [0] + [CHAIN_GAP_BYTES + sum(len(turns[k].encode("utf-8")) for k in range(a + 1, b))
+                          for (a, _), (b, _) in zip(usable, usable[1:])]
+            plan.chains.append((number, [plan.whole_id(t) for _, t in usable], gaps))
+            ways.add("whole-turn")
+        elif len(usable) == 1 and len(short) == len(turns) and len(usable[0][1]) >= MIN_SINGLE_TURN_CHARS:
+            plan.singles.setdefault(plan.whole_id(usable[0][1]), []).append(number)
+            ways.add("whole-turn")
+        how.update(ways)
+        if not ways and turns:
+            longest = max(map(len, turns))
+            unprobed[f"too short: longest turn {'< 8' if longest < 8 else '< 24' if longest < 24 else '< 48'} "
+                     "chars, too few turns to match in order"] += 1
+            examples.append(number)
+    plan.coverage = {"lines": sum(1 for t in items if t), "probed_lines": sum(1 for t in items if t) - len(examples),
+                     "by": dict(how), "unprobed_lines": len(examples), "unprobed": dict(unprobed),
+                     "unprobed_examples": examples[:20]}
+    return plan
 
 
 class SampledGrams:
@@ -144,10 +237,13 @@ class _Matcher:
         return [(pid, end) for pid, _, end in self.ac.find_matches_as_indexes(data, overlapping=True)]
 
 
-def scan_bytes_chunks(chunks: Iterable[bytes], matcher: _Matcher) -> Counter:
-    """Occurrences per pattern over a stream of chunks (overlap handled here; byte-exact confirmation)."""
+def scan_bytes_chunks(chunks: Iterable[bytes], matcher: _Matcher, track: set[int] = frozenset()
+                      ) -> tuple[Counter, dict[int, list[int]]]:
+    """Occurrences per pattern over a stream of chunks (overlap handled here; byte-exact confirmation), and the
+    absolute end offsets of the patterns in `track`."""
     longest = max(len(p) for p in matcher.patterns)
     counts: Counter = Counter()
+    positions: dict[int, list[int]] = {pid: [] for pid in track}
     tail, tail_start, seen = b"", 0, set()
     for chunk in chunks:
         data = tail + chunk
@@ -157,78 +253,187 @@ def scan_bytes_chunks(chunks: Iterable[bytes], matcher: _Matcher) -> Counter:
             if data[end - len(pattern) : end] == pattern and (pid, absolute) not in seen:
                 seen.add((pid, absolute))
                 counts[pid] += 1
+                if pid in positions and len(positions[pid]) < MAX_POSITIONS:
+                    positions[pid].append(absolute)
         keep = min(len(data), longest - 1)
         tail_start += len(data) - keep
         tail = data[len(data) - keep :]
         seen = {(pid, end) for pid, end in seen if end > tail_start}  # only matches that could repeat in the tail
-    return counts
+    return counts, positions
 
 
-def _file_chunks(path: Path, chunk: int) -> Iterable[bytes]:
+def _file_chunks(path: Path, chunk: int, digest=None) -> Iterator[bytes]:
     with open(path, "rb") as f:
         while block := f.read(chunk):
+            if digest is not None:
+                digest.update(block)
             yield block
 
 
+def _strings(value, out: list[str]) -> None:
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _strings(item, out)
+    elif isinstance(value, list):
+        for item in value:
+            _strings(item, out)
+
+
+def jsonl_text_chunks(path: Path, chunk: int, digest=None) -> Iterator[bytes]:
+    """The strings of every JSONL record (decoded: no escapes), one record per line, in ~`chunk`-byte blocks."""
+    block, size = [], 0
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            if digest is not None:
+                digest.update(line)
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as err:
+                raise LeakScanError(f"{path.name}:{number}: not JSON ({err})") from err
+            parts: list[str] = []
+            _strings(record, parts)
+            text = ("\n".join(parts) + "\n").encode("utf-8")
+            block.append(text)
+            size += len(text)
+            if size >= chunk:
+                yield b"".join(block)
+                block, size = [], 0
+    if block:
+        yield b"".join(block)
+
+
+def corpus_chunks(path: Path, chunk: int, digest=None) -> Iterator[bytes]:
+    return (jsonl_text_chunks if path.suffix == ".jsonl" else _file_chunks)(path, chunk, digest)
+
+
+def chain_found(plan: ProbePlan, chain: tuple[int, list[int], list[int]], positions: dict[int, list[int]]) -> bool:
+    """Do the chain's turns occur in order, each starting within its gap after the previous one's end?"""
+    _, ids, gaps = chain
+    lengths = [len(plan.whole[i].encode("utf-8")) for i in ids]
+    ends = np.array(sorted(positions.get(ids[0], [])), dtype=np.int64)
+    for pid, length, gap in zip(ids[1:], lengths[1:], gaps[1:]):
+        if not len(ends):
+            return False
+        own_ends = np.array(sorted(positions.get(pid, [])), dtype=np.int64)
+        starts = own_ends - length
+        first = np.searchsorted(ends, starts - gap, side="left")  # earliest previous end within the gap
+        ok = (first < len(ends)) & (ends[np.minimum(first, len(ends) - 1)] <= starts)
+        ends = own_ends[ok]
+    return bool(len(ends))
+
+
+SELF_TEST_LINE = ("吾輩は猫である。名前はまだ無い。どこで生れたかとんと見当がつかぬ。"
+                  "何でも薄暗いじめじめした所で泣いていた事だけは記憶している。")
+SELF_TEST_DIALOGUE = ["週末はどこかへ出かけましたか？", "近所の公園を少し散歩しました。",
+                      "それはいいですね、天気も良かったし。"]
+
+
 def self_test(matcher_factory, chunk: int = 8192) -> None:
-    """A needle planted across chunk borders and at both ends must be found exactly 4 times; an absent one 0."""
-    needle = "吾輩は猫である。名前はまだ無い。どこで生れたかとんと見当がつかぬ。".encode()
+    """The whole scan path on planted text must find exactly what was planted: a needle across chunk borders and
+    at both ends (4 times), an absent one never, and a held-out dialogue of short turns inside an ASCII-escaped
+    JSONL chat file (whole turns in order). A scanner blind to JSONL or to short turns fails here."""
+    needle = SELF_TEST_LINE.encode()
     absent = "この文はどこにも埋め込まれていない検査用の文字列です。念のため長くしておく。".encode()
     filler = ("ただの詰め物の文章です。" * 2000).encode()
     data = needle + filler[: chunk - 10] + needle + filler + needle + filler[:777] + needle
     matcher = matcher_factory([needle, absent])
-    counts = scan_bytes_chunks((data[i : i + chunk] for i in range(0, len(data), chunk)), matcher)
+    counts, _ = scan_bytes_chunks((data[i : i + chunk] for i in range(0, len(data), chunk)), matcher)
     if counts[0] != 4 or counts[1] != 0:
         raise LeakScanError(f"scanner self-test failed ({matcher.engine}): planted 4, found {counts[0]}; "
                             f"absent found {counts[1]}")
+    plan = plan_probes([[SELF_TEST_LINE], SELF_TEST_DIALOGUE])
+    greeting = [{"role": "user", "content": "こんにちは"}, {"role": "assistant", "content": "どうも"}]
+    chats = [{"messages": greeting}] * 300
+    chats.insert(150, {"messages": [{"role": role, "content": text} for role, text in
+                                    zip(("user", "assistant", "user"), SELF_TEST_DIALOGUE)]})
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "chats.jsonl"
+        path.write_text("".join(json.dumps(c) + "\n" for c in chats), encoding="utf-8")  # ASCII escapes
+        patterns = [p.encode() for p in plan.probes] + [w.encode() for w in plan.whole]
+        matcher = matcher_factory(patterns)
+        track = set(range(len(plan.probes), len(patterns)))
+        _, positions = scan_bytes_chunks(corpus_chunks(path, chunk), matcher, track)
+    found = {offset - len(plan.probes): pos for offset, pos in positions.items()}
+    if not plan.chains or not chain_found(plan, plan.chains[0], found):
+        raise LeakScanError(f"scanner self-test failed ({matcher.engine}): a held-out dialogue of short turns "
+                            "planted in a JSONL chat file was not found")
+
+
+def corpus_identity(corpus: Path) -> tuple[Path, str | None]:
+    """(file to scan, its sha256 if known without reading it): a `hitoban corpus` folder's documents.jsonl and the
+    sha256 its manifest records."""
+    if corpus.is_dir():
+        path = corpus / "documents.jsonl"
+        manifest = corpus / "manifest.json"
+        if not path.is_file() or not manifest.is_file():
+            raise LeakScanError(f"{corpus}: not a hitoban corpus folder (documents.jsonl + manifest.json)")
+        return path, json.loads(manifest.read_text(encoding="utf-8")).get("output", {}).get("sha256")
+    if not corpus.is_file():
+        raise LeakScanError(f"{corpus}: no such corpus file (or folder without documents.jsonl)")
+    return corpus, None
 
 
 def scan_for_leaks(holdout: str | Path, corpora: list[str | Path], engine: str | None = None,
                    chunk: int = CHUNK, length: int = 48, per_line: int = 3, progress=None) -> dict:
-    """Scan every corpus for holdout probes; returns the report (`leaked` true on any hit)."""
+    """Scan every corpus for held-out items; returns the report (`leaked` true on any hit)."""
     holdout = Path(holdout)
     if not holdout.is_file():
         raise LeakScanError(f"{holdout}: holdout file not found")
-    lines = holdout.read_text(encoding="utf-8").splitlines()
-    probes = make_probes(lines, length, per_line)
-    if not probes:
-        raise LeakScanError(f"{holdout.name}: no holdout line is {length}+ chars long; nothing to probe")
-    probe_list = list(probes)
+    items = read_holdout(holdout)
+    plan = plan_probes(items, length, per_line)
+    if not plan.probes and not plan.whole:
+        raise LeakScanError(f"{holdout.name}: no holdout item is long enough to probe; nothing to probe")
 
     def factory(patterns):
         return _Matcher(patterns, engine)
 
     self_test(factory)
-    plain = [p.encode("utf-8") for p in probe_list]
-    escaped = [json.dumps(p, ensure_ascii=False)[1:-1].encode("utf-8") for p in probe_list]
-    report = {"holdout": holdout.name, "holdout_lines": len(lines), "probe_chars": length, "probes": len(probes),
-              "corpora": []}
+    probe_list = list(plan.probes)
+    patterns = [p.encode("utf-8") for p in probe_list] + [w.encode("utf-8") for w in plan.whole]
+    track = set(range(len(probe_list), len(patterns)))
+    report = {"kind": "leak-scan", "schema": 2, "holdout": holdout.name, "holdout_sha256": _sha256(holdout),
+              "holdout_lines": len(items), "probe_chars": length, "probes": len(probe_list),
+              "whole_turns": len(plan.whole), "coverage": plan.coverage, "corpora": []}
     for corpus in map(Path, corpora):
-        path = corpus / "documents.jsonl" if corpus.is_dir() else corpus
-        if not path.is_file():
-            raise LeakScanError(f"{corpus}: no such corpus file (or folder without documents.jsonl)")
-        patterns, owner = list(plain), list(range(len(plain)))  # owner[pattern id] = probe index
-        if path.suffix == ".jsonl":  # JSON-escaped text: also look for the escaped form of each probe
-            for i, (e, p) in enumerate(zip(escaped, plain)):
-                if e != p:
-                    patterns.append(e)
-                    owner.append(i)
+        path, known_sha = corpus_identity(corpus)
         matcher = factory(patterns)
+        digest = hashlib.sha256()
         start = time.perf_counter()
-        counts = scan_bytes_chunks(_file_chunks(path, chunk), matcher)
+        counts, positions = scan_bytes_chunks(corpus_chunks(path, chunk, digest), matcher, track)
         seconds = time.perf_counter() - start
-        per_probe: Counter = Counter()
-        for pid, n in counts.items():
-            per_probe[owner[pid]] += n
+        row = _corpus_row(plan, probe_list, counts, positions)
         size = path.stat().st_size
-        hits = {probe_list[i]: n for i, n in per_probe.items()}
-        report["corpora"].append({
-            "corpus": corpus.name, "bytes": size, "engine": matcher.engine, "seconds": round(seconds, 3),
-            "mib_per_s": round(size / 2**20 / max(seconds, 1e-9), 1), "hit_probes": len(hits),
-            "affected_holdout_lines": sorted({probes[p] for p in hits}),
-            "examples": [{"probe": p, "count": n} for p, n in sorted(hits.items(), key=lambda kv: -kv[1])[:5]],
-        })
+        report["corpora"].append({"corpus": corpus.name, "sha256": known_sha or digest.hexdigest(), "bytes": size,
+                                  "engine": matcher.engine, "seconds": round(seconds, 3),
+                                  "mib_per_s": round(size / 2**20 / max(seconds, 1e-9), 1), **row})
         if progress:
             progress(report["corpora"][-1])
-    report["leaked"] = any(c["hit_probes"] for c in report["corpora"])
+    report["leaked"] = any(c["affected_holdout_lines"] for c in report["corpora"])
     return report
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _corpus_row(plan: ProbePlan, probe_list: list[str], counts: Counter, positions: dict[int, list[int]]) -> dict:
+    """Which held-out items a corpus contains, and how each was found."""
+    found: dict[str, set[int]] = {"line": set(), "turn": set(), "whole-turn": set()}
+    hits = {probe_list[pid]: n for pid, n in counts.items() if pid < len(probe_list)}
+    for probe in hits:
+        how, item = plan.probes[probe]
+        found[how].add(item)
+    whole_positions = {pid - len(probe_list): pos for pid, pos in positions.items()}
+    for wid, items in plan.singles.items():
+        if whole_positions.get(wid):
+            found["whole-turn"].update(items)
+    for chain in plan.chains:
+        if chain_found(plan, chain, whole_positions):
+            found["whole-turn"].add(chain[0])
+    return {"hit_probes": len(hits), "affected_holdout_lines": sorted(set().union(*found.values())),
+            "found_by": {how: sorted(items) for how, items in found.items() if items},
+            "examples": [{"probe": p, "count": n} for p, n in sorted(hits.items(), key=lambda kv: -kv[1])[:5]]}

@@ -523,8 +523,10 @@ def _chat(args) -> int:
 
 
 def _leaks_args(p):
-    p.add_argument("--holdout", required=True, help="held-out text (one item per line; chat markers are removed)")
-    p.add_argument("--corpus", nargs="+", required=True, help="text files or `hitoban corpus` folders")
+    p.add_argument("--holdout", required=True,
+                   help="held-out items: a text file (one per line; chat markers split turns) or JSONL chats")
+    p.add_argument("--corpus", nargs="+", required=True,
+                   help="text files, .jsonl files (their strings are scanned) or `hitoban corpus` folders")
     p.add_argument("--out", help="JSON report")
     p.add_argument("--engine", choices=["sampled-grams", "hyperscan", "ahocorasick-rs"],
                    help="default: sampled-grams (NumPy) for probes of >= 23 bytes, else hyperscan when installed")
@@ -536,14 +538,20 @@ def _leaks(args) -> int:
 
     def show(row):
         lines = row["affected_holdout_lines"]
-        print(f"{row['corpus']}: {row['bytes']:,} bytes, {row['hit_probes']} probe hits on {len(lines)} holdout "
-              f"lines {lines[:20]}{' ...' if len(lines) > 20 else ''} ({row['engine']}, {row['mib_per_s']} MiB/s)")
+        how = ", ".join(f"{k} {len(v)}" for k, v in row["found_by"].items())
+        print(f"{row['corpus']}: {row['bytes']:,} bytes, {len(lines)} held-out lines found {lines[:20]}"
+              f"{' ...' if len(lines) > 20 else ''}{f' (by {how})' if how else ''} ({row['engine']}, "
+              f"{row['mib_per_s']} MiB/s)")
 
     report = scan_for_leaks(args.holdout, args.corpus, engine=args.engine, progress=show)
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
-    print(f"{report['probes']} probes from {report['holdout']}: {'LEAKED' if report['leaked'] else 'no leak'}")
-    return 1 if report["leaked"] else 0
+    coverage = report["coverage"]
+    print(f"{report['holdout']}: {coverage['probed_lines']} of {coverage['lines']} held-out lines probed "
+          f"({', '.join(f'{k} {v}' for k, v in coverage['by'].items())}; {report['probes']} probes, "
+          f"{report['whole_turns']} whole turns); {coverage['unprobed_lines']} could not be "
+          f"({coverage['unprobed'] or 'none'}): {'LEAKED' if report['leaked'] else 'no leak'}")
+    return int(ExitCode.CHECK_FAILED) if report["leaked"] else 0
 
 
 def _pii_args(p):

@@ -58,7 +58,7 @@ def test_a_planted_probe_is_found_exactly_once_at_any_byte_offset(offset, chunk,
     filler = (FILLER * 40).encode()
     data = filler[:offset] + probe + filler[offset:]
     matcher = _Matcher([probe, near_miss], engine)
-    counts = scan_bytes_chunks((data[i : i + chunk] for i in range(0, len(data), chunk)), matcher)
+    counts, _ = scan_bytes_chunks((data[i : i + chunk] for i in range(0, len(data), chunk)), matcher)
     assert counts[0] == 1 and counts[1] == 0
 
 
@@ -104,7 +104,7 @@ def test_scan_reports_affected_lines_and_the_cli_exits_1_on_a_leak(tmp_path, cap
 
 
 def test_a_corpus_folder_is_scanned_through_json_escaping(tmp_path):
-    """A quote inside the leaked text is escaped in documents.jsonl; the escaped probe variant still finds it."""
+    """A quote inside the leaked text is escaped in documents.jsonl; the scan reads the decoded strings."""
     line = ("彼は「" + "これは引用を含む長い文で、" * 3 + '"quoted" と書いた。'
             + "検査のためにさらに文章を足しておきます。" * 2)
     holdout = tmp_path / "holdout.txt"
@@ -117,6 +117,66 @@ def test_a_corpus_folder_is_scanned_through_json_escaping(tmp_path):
     assert '\\"quoted\\"' in (corpus / "documents.jsonl").read_text()
     report = scan_for_leaks(holdout, [corpus])
     assert report["leaked"] and report["corpora"][0]["hit_probes"] == 3
+
+
+def holdout_dialogues(corpus) -> list[list[str]]:
+    from hitoban.evaluation.leaks import split_turns
+
+    lines = (corpus / "3lm-eval" / "holdout_clean.txt").read_text(encoding="utf-8").splitlines()
+    return [split_turns(line) for line in lines if len(split_turns(line)) >= 2]
+
+
+def test_held_out_dialogues_written_as_jsonl_messages_are_found(tmp_path, corpus):
+    """Finding 3: probes cut from whole lines straddle turn boundaries, so a held-out chat stored as JSONL
+    `messages` (the SFT format) was missed unless its turns were long. Every held-out dialogue of the 3LM clean
+    holdout is planted into a chat file as JSONL; each one the plan can probe must be found, and the report must
+    say which could not be probed."""
+    dialogues = holdout_dialogues(corpus)
+    holdout = tmp_path / "holdout.txt"
+    holdout.write_text("".join("<|user|>" + "<|assistant|>".join(d) + "<|end|>\n" for d in dialogues),
+                       encoding="utf-8")
+    chats = [json.loads(line) for line in (corpus / "dialogue" / "real-persona-chat.messages.jsonl")
+             .read_text(encoding="utf-8").splitlines()[:400]]
+    for i, turns in enumerate(dialogues):
+        roles = ["user", "assistant"] * len(turns)
+        chats.insert(i * 2, {"messages": [{"role": r, "content": t} for r, t in zip(roles, turns)]})
+    leaked = tmp_path / "chats.jsonl"
+    leaked.write_text("".join(json.dumps(c, ensure_ascii=i % 2 == 0) + "\n" for i, c in enumerate(chats)),
+                      encoding="utf-8")
+    report = scan_for_leaks(holdout, [leaked])
+    coverage, row = report["coverage"], report["corpora"][0]
+    assert coverage["lines"] == len(dialogues) and coverage["probed_lines"] + coverage["unprobed_lines"] == len(
+        dialogues)
+    assert coverage["probed_lines"] >= len(dialogues) - 8, coverage  # the rest are greetings like やあ・こんにちは
+    assert len(row["affected_holdout_lines"]) == coverage["probed_lines"]  # and every probed one is found
+    # what line probes alone (the old scan) see in the same file: far fewer
+    assert len(row["found_by"].get("line", [])) < coverage["probed_lines"] - 15, row["found_by"]
+    clean = tmp_path / "clean.jsonl"
+    clean.write_text("".join(json.dumps(c, ensure_ascii=False) + "\n" for c in chats[len(dialogues) * 2:]),
+                     encoding="utf-8")
+    assert not scan_for_leaks(holdout, [clean])["leaked"]
+
+
+def test_the_self_test_fails_for_a_scanner_blind_to_jsonl_or_to_short_turns(monkeypatch):
+    from hitoban.evaluation import leaks
+
+    factory = lambda patterns: _Matcher(patterns, "sampled-grams")  # noqa: E731
+    with monkeypatch.context() as patch:  # reads JSONL as raw bytes: escaped text hides the dialogue
+        patch.setattr(leaks, "corpus_chunks", leaks._file_chunks)
+        with pytest.raises(LeakScanError, match="dialogue of short turns"):
+            self_test(factory)
+    with monkeypatch.context() as patch:  # no whole-turn matching: a dialogue of short turns is never probed
+        original = leaks.plan_probes
+
+        def line_probes_only(*args, **kwargs):
+            plan = original(*args, **kwargs)
+            plan.chains.clear()
+            return plan
+
+        patch.setattr(leaks, "plan_probes", line_probes_only)
+        with pytest.raises(LeakScanError, match="dialogue of short turns"):
+            self_test(factory)
+    self_test(factory)
 
 
 def test_bad_leak_inputs_are_named(tmp_path):

@@ -101,7 +101,7 @@ def make_my_texts(folder) -> None:
     for book in books:
         (folder / book.name).symlink_to(book)
     snippets = ["".join(book.read_text(encoding="utf-8").split())[500:700] for book in books[:3]]
-    (folder / "000_notice.txt").write_text(fake_notice(snippets, seed=3), encoding="utf-8")
+    (folder / "000000_notice.txt").write_text(fake_notice(snippets, seed=3), encoding="utf-8")  # sorts first
 
 
 def test_every_code_block_is_tagged_and_every_substitution_applies():
