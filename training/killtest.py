@@ -30,6 +30,7 @@ import torch
 from safetensors.torch import load_file
 
 from hitoban.errors import UsageError
+from hitoban.provenance import weights_sha256
 from hitoban.training.checkpoint import PAUSE_IN_SAVE_ENV, STATE_DIGEST_ENV, current_slot
 
 
@@ -222,6 +223,7 @@ def _judge(work: Path, killed: Path, control: Path, noise: float, restore: dict,
     config = json.loads((work / "base1" / "config.json").read_text())
     result = {"kind": "kill-test", "schema": 2, "steps": steps, "options": options,
               "fingerprint": config.get("fingerprint"), "hardware": config.get("hardware"),
+              "weights_sha256": weights_sha256(current_slot(work / "base1")),  # what the killed run must equal
               "mode": "bit-exact (noise 0)" if exact_mode else "noise-relative (3LM: <= 3x noise, control >= 10x)",
               "batch_deterministic": batch_ok, "noise": noise, "restore": restore, "kills": kills,
               "killed_at_steps": kill_steps, "resumes": resumes, "killed_diff": killed_diff,
