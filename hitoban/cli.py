@@ -614,9 +614,12 @@ def _secrets_args(p):
 @verb("secrets", "scan files (and --git history) for tokens, keys, passwords, home paths (exit 1 on findings)")(
     _secrets_args)
 def _secrets(args) -> int:
-    from hitoban.release.secrets import scan
+    from hitoban.release.secrets import scan_all
 
-    findings = scan(args.dir, git=args.git)
+    report = scan_all(args.dir, git=args.git)
+    findings = report.findings
+    for line in report.skipped_lines():
+        print(line)
     for finding in findings[:80]:
         print(finding)
     if len(findings) > 80:
@@ -625,7 +628,7 @@ def _secrets(args) -> int:
         print(f"{len(findings)} finding(s). Revoke any real key first (rewriting history does not un-leak it), "
               "then remove it from the files and, with --git findings, from the history.")
         return 1
-    print(f"no secrets found in {args.dir}{' (files and git history)' if args.git else ''}")
+    print(f"no secrets found in {report.scanned} file(s) of {args.dir}{' and its git history' if args.git else ''}")
     return 0
 
 

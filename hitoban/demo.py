@@ -58,6 +58,7 @@ def builtin_chats() -> list[dict]:
 def prepare_data(source: list[str], data: Path, settings: DemoSettings):
     """Write the demo's inputs under DIR/data and return the corpus sources. Chats and questions are always the
     built-in ones (SFT needs dialogues); the pretraining text is the built-in prose, Aozora, FineWeb-2 or files."""
+    from hitoban.release.secrets import TEST_DATA_MARKER
     from hitoban.training.corpus import hub_source, local_source
 
     data.mkdir(parents=True, exist_ok=True)
@@ -83,13 +84,18 @@ def prepare_data(source: list[str], data: Path, settings: DemoSettings):
                   for i in range(0, len(train_chats), 5)]
         (data / "dialogue_train.txt").write_text("\n\n".join(blocks) + "\n", encoding="utf-8")
         domains["prose"] = data / "prose_heldout.txt"
-        (data / "notices.txt").write_text(fake_notice(train, settings.seed_contacts), encoding="utf-8")
+        fakes = data / "fake-contacts"  # marked, so secret scans skip the planted contacts and say so
+        fakes.mkdir(exist_ok=True)
+        (fakes / TEST_DATA_MARKER).write_text("Fake contacts (Faker ja_JP) for the PII probe; nobody's data.\n",
+                                              encoding="utf-8")
+        (fakes / "notices.txt").write_text(fake_notice(train, settings.seed_contacts), encoding="utf-8")
         licence = "Apache-2.0 (original text written for hitoban)"
         sources = [local_source([str(data / "prose_train.txt")], name="builtin-prose", blank_line_docs=True,
                                 license=licence),
                    local_source([str(data / "dialogue_train.txt")], name="builtin-dialogue", blank_line_docs=True,
                                 license=licence),
-                   local_source([str(data / "notices.txt")], name="builtin-notices", blank_line_docs=True,
+                   local_source([str(data / "fake-contacts" / "notices.txt")], name="builtin-notices",
+                                blank_line_docs=True,
                                 license="generated: fake contacts (Faker ja_JP) for the PII probe")]
         return sources, domains, train, None
     if source in (["aozora"], ["fineweb2-ja"]):

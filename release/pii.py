@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from hitoban.errors import MissingInputError
 from hitoban.provenance import sha256_file, weights_sha256
+from hitoban.release.secrets import TEST_DATA_MARKER
 from hitoban.training.corpus import PII_LOG
 from hitoban.training.filters import (
     BROAD_EMAIL,
@@ -319,6 +320,10 @@ def canary_control(documents: list[str], out: str | os.PathLike, count: int = 8,
     canaries = make_canaries(count * 2, repetitions, seed)
     planted_canaries, fresh = canaries[:count], canaries[count:]
     planted = plant(documents, planted_canaries, seed)
+    (out / TEST_DATA_MARKER).write_text(  # secret scans skip this folder: its contacts are fake, planted on purpose
+        "hitoban canary control: canaries.json and planted.txt hold FAKE contacts (Faker ja_JP) planted on purpose to\n"
+        "test the PII probe. They are nobody's personal data; `hitoban secrets` skips this folder and says so.\n",
+        encoding="utf-8")
     (out / "canaries.json").write_text(json.dumps(planted_canaries, ensure_ascii=False, indent=2), encoding="utf-8")
     (out / "planted.txt").write_text("\n".join(d.replace("\n", " ") for d in planted) + "\n", encoding="utf-8")
     from transformers import AutoTokenizer

@@ -90,16 +90,62 @@ def scan_files(root: str | os.PathLike, relative_paths: list[str]) -> list[Findi
     return sorted(set(findings))
 
 
-def scan_directory(root: str | os.PathLike) -> list[Finding]:
-    """Contents and names of every file under `root`, skipping caches and virtualenvs."""
-    root = Path(root)
-    if not root.is_dir():
-        raise MissingInputError(f"{root}: not a directory")
+TEST_DATA_MARKER = "HITOBAN_TEST_DATA"  # a folder holding this file holds fake data planted on purpose (canaries)
+
+
+@dataclass
+class ScanReport:
+    findings: list[Finding]
+    scanned: int
+    ignored: list[str]  # left out by .gitignore (git work trees only)
+    test_data: list[str]  # under a folder marked with TEST_DATA_MARKER
+
+    def skipped_lines(self) -> list[str]:
+        lines = []
+        for what, paths in (("git-ignored", self.ignored), ("marked test data (fake canaries)", self.test_data)):
+            if paths:
+                folders = sorted({p.split("/")[0] for p in paths})
+                lines.append(f"skipped {len(paths)} {what} file(s) in {', '.join(folders[:6])}"
+                             + (" ..." if len(folders) > 6 else ""))
+        return lines
+
+
+def _walk(root: Path) -> list[str]:
     relative_paths = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".venv"))
         relative_paths += [(Path(dirpath) / name).relative_to(root).as_posix() for name in sorted(filenames)]
-    return scan_files(root, relative_paths)
+    return relative_paths
+
+
+def _git_visible(root: Path) -> set[str] | None:
+    """Files git tracks or would track (not ignored), relative to `root`; None outside a git work tree."""
+    try:
+        listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others",
+                                 "--exclude-standard"], capture_output=True, timeout=120, check=True).stdout
+    except (subprocess.CalledProcessError, FileNotFoundError, subprocess.TimeoutExpired):
+        return None
+    return {name for name in listed.decode("utf-8", "replace").split("\0") if name}
+
+
+def scan_report(root: str | os.PathLike = ".", respect_gitignore: bool = True) -> ScanReport:
+    """Contents and names of every file under `root` (skipping caches and virtualenvs), except what .gitignore
+    leaves out in a git work tree and folders marked as planted test data; the report names what it skipped."""
+    root = Path(root)
+    if not root.is_dir():
+        raise MissingInputError(f"{root}: not a directory")
+    paths = _walk(root)
+    visible = _git_visible(root) if respect_gitignore else None
+    ignored = [p for p in paths if visible is not None and p not in visible]
+    marked = {Path(p).parent.as_posix() for p in paths if Path(p).name == TEST_DATA_MARKER}
+    test_data = [p for p in paths if p not in ignored and any(p == m or p.startswith(f"{m}/") or m == "."
+                                                               for m in marked)]
+    chosen = [p for p in paths if p not in ignored and p not in test_data]
+    return ScanReport(scan_files(root, chosen), len(chosen), ignored, test_data)
+
+
+def scan_directory(root: str | os.PathLike, respect_gitignore: bool = True) -> list[Finding]:
+    return scan_report(root, respect_gitignore).findings
 
 
 def scan_git_history(root: str | os.PathLike, timeout: int = 300) -> list[Finding]:
@@ -132,3 +178,11 @@ def scan_git_history(root: str | os.PathLike, timeout: int = 300) -> list[Findin
 def scan(root: str | os.PathLike = ".", git: bool = False) -> list[Finding]:
     findings = scan_directory(root)
     return findings + scan_git_history(root) if git else findings
+
+
+def scan_all(root: str | os.PathLike = ".", git: bool = False) -> ScanReport:
+    """The working tree (as `scan_report`) and, with `git`, every commit of the history."""
+    report = scan_report(root)
+    if git:
+        report.findings = report.findings + scan_git_history(root)
+    return report

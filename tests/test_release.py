@@ -214,6 +214,48 @@ def test_git_history_finds_a_token_deleted_from_the_tree(tmp_path, capsys):
     assert ":train.py:2 [hf-token]" in out and HF_TOKEN not in out
 
 
+def test_the_scan_respects_gitignore_and_marked_test_data_and_says_so(tmp_path, capsys):
+    from hitoban.cli import main
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text(PLANTED["hf-token"] + "\n")
+    (tmp_path / "canaries").mkdir()
+    (tmp_path / "canaries" / "canaries.json").write_text(PLANTED["email"] + "\n")
+    # negative control: unmarked and not ignored, both are found
+    assert {f.rule for f in secrets.scan_directory(tmp_path)} == {"hf-token", "email"}
+    (tmp_path / ".gitignore").write_text("out/\n")
+    (tmp_path / "canaries" / secrets.TEST_DATA_MARKER).write_text("fake contacts\n")
+    report = secrets.scan_report(tmp_path)
+    assert report.findings == [] and report.ignored == ["out/notes.txt"]
+    assert report.test_data == ["canaries/HITOBAN_TEST_DATA", "canaries/canaries.json"]
+    assert main(["secrets", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "skipped 1 git-ignored file(s) in out" in out and "marked test data" in out
+    assert secrets.scan_directory(tmp_path, respect_gitignore=False)[0].rule == "hf-token"
+
+
+@pytest.mark.slow
+def test_the_readme_order_on_a_clean_clone(tmp_path):
+    """Issue 13: install -> `hitoban demo` -> the tests -> `hitoban secrets . --git`, in that order, in a clean clone.
+    The demo writes its fake contacts into the clone (hitoban-demo/, git-ignored); the source-tree check and the
+    README's secret scan must still pass."""
+    from conftest import REPO
+
+    from hitoban.cli import main
+
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    demo = subprocess.run([sys.executable, "-m", "hitoban.cli", "demo", "--quick", "--until", "pii"], cwd=clone,
+                          capture_output=True, text=True, timeout=900)
+    assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
+    planted = json.loads((clone / "hitoban-demo" / "pii-canaries" / "canaries.json").read_text())
+    assert planted and "@" in planted[0]["value"] + planted[2]["value"]  # the fake contacts are really there
+    assert [str(f) for f in secrets.scan_directory(clone)] == []  # test_the_hitoban_source_tree_is_clean
+    assert main(["secrets", str(clone), "--git"]) == 0  # the README's step
+
+
 def test_the_hitoban_source_tree_is_clean():
     from conftest import REPO
 
