@@ -114,7 +114,7 @@ def load_model_and_tokenizer(path: str | Path):
     """A `from_pretrained` folder with its tokenizer; a folder without one is a clear error."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import hitoban  # noqa: F401  (registers the Auto classes)
+    import hitoban.modeling  # noqa: F401  (registers the Auto classes)
 
     path = Path(path)
     if not (path / "config.json").exists():

@@ -1,25 +1,36 @@
 """hitoban: train a small language model overnight on one GPU or Mac, measure it honestly, publish it safely.
 
-`import hitoban` registers the model with transformers' Auto classes (so `AutoModelForCausalLM.from_pretrained`
-works on any hitoban folder without remote code) and marks the classes for remote code, so that every
-`save_pretrained` also writes `auto_map` and the self-contained `configuration_hitoban.py` / `modeling_hitoban.py`
-next to the weights: users without hitoban load the folder with `trust_remote_code=True`.
+`import hitoban` registers the model with transformers' Auto classes (through `hitoban.modeling`, which does the
+registering): `AutoModelForCausalLM.from_pretrained` then works on any hitoban folder without remote code, and every
+`save_pretrained` also writes the self-contained remote code next to the weights.
+
+The `hitoban` console script is the one exception: there torch and transformers load only when a verb needs them
+(each verb imports what it uses), so `hitoban --help` answers at once instead of after seconds of imports.
 """
 
+import os
+import sys
 from importlib.metadata import PackageNotFoundError, version
-
-from transformers import AutoConfig, AutoModelForCausalLM
-
-from hitoban.modeling import PRESETS, HitobanConfig, HitobanForCausalLM
 
 try:
     __version__ = version("hitoban")
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0+source"
 
-AutoConfig.register(HitobanConfig.model_type, HitobanConfig, exist_ok=True)
-AutoModelForCausalLM.register(HitobanConfig, HitobanForCausalLM, exist_ok=True)
-HitobanConfig.register_for_auto_class()
-HitobanForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+_MODEL_NAMES = ("PRESETS", "HitobanConfig", "HitobanForCausalLM")
+_CONSOLE_SCRIPT = os.path.basename(getattr(sys, "argv", [""])[0] or "") == "hitoban"
 
-__all__ = ["PRESETS", "HitobanConfig", "HitobanForCausalLM", "__version__"]
+if not _CONSOLE_SCRIPT:
+    from hitoban.modeling import PRESETS, HitobanConfig, HitobanForCausalLM  # noqa: F401  (registers Auto classes)
+
+
+def __getattr__(name: str):
+    """The model classes on first use (the console script's lazy path)."""
+    if name in _MODEL_NAMES:
+        import hitoban.modeling
+
+        return getattr(hitoban.modeling, name)
+    raise AttributeError(f"module 'hitoban' has no attribute {name!r}")
+
+
+__all__ = [*_MODEL_NAMES, "__version__"]

@@ -33,7 +33,7 @@ def print_json(result: dict) -> None:
 def _doctor_args(p):
     p.add_argument("--out", default="hitoban-doctor", help="folder for the tokenizer, model and doctor.json")
     p.add_argument("--steps", type=int, default=200, help="training steps (loss must fall)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed for the tiny model and its batches")
 
 
 @verb("doctor", "check the install: train a tiny model on built-in text, generate, save, reload")(_doctor_args)
@@ -74,8 +74,8 @@ def _import(args) -> int:
 
 def _kvcache_args(p):
     p.add_argument("--model", help="a from_pretrained folder (default: a random tiny model)")
-    p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--atol", type=float, default=1e-5)
+    p.add_argument("--steps", type=int, default=12, help="decoding steps compared")
+    p.add_argument("--atol", type=float, default=1e-5, help="largest allowed |cached - recomputed| logit")
     p.add_argument("--break-rope-offset", action="store_true",
                    help="negative control: feed new tokens at position 0; the check must then FAIL")
 
@@ -87,6 +87,8 @@ def _kvcache(args) -> int:
     model = None
     if args.model:
         from transformers import AutoModelForCausalLM
+
+        import hitoban.modeling  # noqa: F401  (registers the Auto classes)
 
         model = AutoModelForCausalLM.from_pretrained(args.model)
     result = check_kvcache(model, steps=args.steps, atol=args.atol, break_rope_offset=args.break_rope_offset)
@@ -120,20 +122,21 @@ def _corpus_args(p):
     p.add_argument("--blank-line-docs", action="store_true",
                    help="in .txt files, documents are separated by blank lines (default: one per line)")
     p.add_argument("--text-field", default="text", help="field holding the text in .jsonl/.parquet")
-    p.add_argument("--encoding", default="utf-8")
+    p.add_argument("--encoding", default="utf-8", help="text encoding of the local input")
     p.add_argument("--errors", default="strict", choices=["strict", "replace", "ignore"],
                    help="what to do with undecodable bytes (default: stop and name the file and offset)")
     p.add_argument("--target-chars", type=float, help="stop after this many characters (default: everything)")
     p.add_argument("--share", action="append", metavar="NAME=FRACTION",
                    help="share of the target per source (default aozora=0.10 when mixed, the rest split evenly)")
-    p.add_argument("--min-chars", type=int, default=200)
+    p.add_argument("--min-chars", type=int, default=200, help="shorter documents are rejected (3LM)")
     p.add_argument("--max-chars", type=int, default=20_000, help="longer documents are truncated")
-    p.add_argument("--min-ja-ratio", type=float, default=0.70)
+    p.add_argument("--min-ja-ratio", type=float, default=0.70,
+                   help="documents with a smaller share of Japanese characters are rejected (3LM)")
     p.add_argument("--near-dup", type=float, default=0.85,
                    help="MinHash-LSH Jaccard threshold for near-duplicates (0 turns it off)")
     p.add_argument("--keep-newlines", action="store_true", help="keep line breaks (3LM joins lines with spaces)")
     p.add_argument("--no-pii-mask", action="store_true", help="do not mask e-mails / phone numbers (not advised)")
-    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--seed", type=int, default=1234, help="seed for sampling Hub sources")
 
 
 @verb("corpus", "build a filtered, PII-masked, licence-tracked corpus from local files or pinned Hub datasets")(
@@ -161,12 +164,12 @@ def _corpus(args) -> int:
 def _tokenizer_args(p):
     p.add_argument("--corpus", required=True, help="a folder built by `hitoban corpus`")
     p.add_argument("--out", required=True, help="new tokenizer folder (AutoTokenizer.from_pretrained loads it)")
-    p.add_argument("--vocab-size", type=int, default=32000)
+    p.add_argument("--vocab-size", type=int, default=32000, help="pieces, including special and byte pieces")
     p.add_argument("--max-chars", type=float, default=300e6, help="character budget of the training sample")
     p.add_argument("--source-cap", action="append", metavar="NAME=CHARS",
                    help="at most CHARS sample characters from one source (zxell's per-language caps)")
     p.add_argument("--context", type=int, default=512, help="model_max_length recorded in the tokenizer")
-    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--seed", type=int, default=1234, help="seed for the training sample and SentencePiece")
 
 
 @verb("tokenizer", "train a Unigram tokenizer (SentencePiece trainer, tokenizers runtime) with a chat template")(
@@ -186,12 +189,12 @@ def _shards_args(p):
     p.add_argument("--tokenizer", help="a tokenizer folder (with --verify: also check the shards use it)")
     p.add_argument("--out", help="new shard folder")
     p.add_argument("--verify", metavar="SHARDS", help="re-hash and check every invariant of SHARDS, then exit")
-    p.add_argument("--shard-tokens", type=int, default=50_000_000)
+    p.add_argument("--shard-tokens", type=int, default=50_000_000, help="tokens per train shard file")
     p.add_argument("--val-every", type=int, default=400, help="per source, document k%%N==0 -> val, ==1 -> test")
     p.add_argument("--max-heldout-docs", type=int, default=2000, help="cap on val (and on test) documents")
     p.add_argument("--context", type=int, default=512, help="refuse a train split shorter than one window")
     p.add_argument("--dtype", choices=["uint16", "uint32"], help="default: uint16 when the vocab fits")
-    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--seed", type=int, default=1234, help="recorded in the index (the split rule is by position)")
 
 
 @verb("shards", "tokenize a corpus into verified zxell-format shards, or --verify a shard folder")(_shards_args)
@@ -233,7 +236,8 @@ def _training_options(p) -> None:
                    help="auto: bf16 on CUDA, fp32 elsewhere")
     p.add_argument("--cpu", action="store_true", help="train on the CPU even when a GPU/MPS is present")
     p.add_argument("--memory-cap-gb", type=float, help="cap GPU/MPS memory for this process")
-    p.add_argument("--skip-memory-check", action="store_true")
+    p.add_argument("--skip-memory-check", action="store_true",
+                   help="start even when the memory estimate exceeds what is free")
 
 
 TRAINING_FLAGS = ("--no-adam-bias-correction", "--cpu", "--skip-memory-check")
@@ -269,8 +273,8 @@ def _pretrain_args(p):
     p.add_argument("--max-hours", type=float, help="save and stop cleanly after this much training time")
     p.add_argument("--supervise", action="store_true",
                    help="relaunch after a crash while the saved step advances; keep the machine awake")
-    p.add_argument("--max-restarts", type=int, default=40)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--max-restarts", type=int, default=40, help="--supervise: give up after this many relaunches")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (log.jsonl and heartbeat stay)")
 
 
 @verb("pretrain", "pretrain on shards with crash-safe A/B checkpoints and exact resume (Accelerate)")(_pretrain_args)
@@ -319,7 +323,7 @@ def _killtest(args) -> int:
 
 def _watch_args(p):
     p.add_argument("run", help="a pretraining run folder")
-    p.add_argument("--interval", type=float, default=10.0)
+    p.add_argument("--interval", type=float, default=10.0, help="seconds between refreshes")
     p.add_argument("--once", action="store_true", help="print once and exit")
 
 
@@ -336,11 +340,11 @@ def _calibrate_args(p):
     p.add_argument("--hours", type=float, default=8.0, help="length of the night")
     p.add_argument("--candidate", action="append", metavar="PRESET:BATCH",
                    help="repeatable; default: tiny:8 small:16 3lm:24 3lm:32 3lm:48 zxell-s:16")
-    p.add_argument("--vocab-size", type=int, default=32000)
-    p.add_argument("--context", type=int)
+    p.add_argument("--vocab-size", type=int, default=32000, help="vocabulary without --data (with it: the shards')")
+    p.add_argument("--context", type=int, help="tokens per sequence (default: each preset's)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per candidate (after --warmup)")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--cpu", action="store_true")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (allocation, kernel selection)")
+    p.add_argument("--cpu", action="store_true", help="measure the CPU even when a GPU/MPS is present")
     p.add_argument("--out", help="also write the table as JSON")
 
 
@@ -417,8 +421,8 @@ def _eval_gen(args) -> int:
 def _compare_args(p):
     p.add_argument("models", nargs="+", metavar="MODEL", help="from_pretrained folders (with tokenizer)")
     p.add_argument("--out", default="compare", help="folder for compare.json and compare.png")
-    p.add_argument("--max-new-tokens", type=int, default=90)
-    p.add_argument("--seed", type=int, default=777)
+    p.add_argument("--max-new-tokens", type=int, default=90, help="tokens generated per reply")
+    p.add_argument("--seed", type=int, default=777, help="prompt i is sampled with seed + i in every model")
 
 
 @verb("compare", "same prompts, same seeds through several models (chat + raw continuation): JSON + PNG")(
@@ -467,21 +471,23 @@ def _finetune_args(defaults: dict):
         p.add_argument("--data", nargs="+", required=True, help="chat files: .jsonl (messages or user/assistant), "
                                                                  ".tsv (user<TAB>assistant), .txt (3LM line format)")
         p.add_argument("--out", required=True, help="new from_pretrained folder (+ summary.json, trainer/)")
-        p.add_argument("--lr", type=float, default=defaults["lr"])
-        p.add_argument("--epochs", type=float, default=defaults["epochs"])
+        p.add_argument("--lr", type=float, default=defaults["lr"], help="peak learning rate (cosine schedule)")
+        p.add_argument("--epochs", type=float, default=defaults["epochs"], help="passes over the training chats")
         p.add_argument("--max-steps", type=int, default=defaults["max_steps"], help="overrides --epochs when > 0")
-        p.add_argument("--batch-size", type=int, default=32)
-        p.add_argument("--grad-accum", type=int, default=1)
-        p.add_argument("--warmup-ratio", type=float, default=0.03)
-        p.add_argument("--val-frac", type=float, default=0.01)
-        p.add_argument("--eval-steps", type=int, default=defaults["eval_steps"])
+        p.add_argument("--batch-size", type=int, default=32, help="conversations per device step")
+        p.add_argument("--grad-accum", type=int, default=1, help="device steps per optimizer step")
+        p.add_argument("--warmup-ratio", type=float, default=0.03, help="share of the steps spent warming up")
+        p.add_argument("--val-frac", type=float, default=0.01, help="share of the chats held out for validation")
+        p.add_argument("--eval-steps", type=int, default=defaults["eval_steps"],
+                       help="validate (and keep the best checkpoint) every N steps")
         p.add_argument("--exclude", nargs="*", default=[], metavar="HOLDOUT",
                        help="drop pairs matching, or sharing a 40-char window with, these held-out chats")
-        p.add_argument("--min-char-freq", type=int, default=defaults["min_char_freq"])
-        p.add_argument("--max-user-chars", type=int, default=100)
-        p.add_argument("--max-assistant-chars", type=int, default=300)
+        p.add_argument("--min-char-freq", type=int, default=defaults["min_char_freq"],
+                       help="drop chats with a character rarer than this in the data (3LM: broken text)")
+        p.add_argument("--max-user-chars", type=int, default=100, help="longer user turns are dropped (3LM)")
+        p.add_argument("--max-assistant-chars", type=int, default=300, help="longer replies are dropped (3LM)")
         p.add_argument("--skip-bad", action="store_true", help="skip malformed lines (counted) instead of stopping")
-        p.add_argument("--seed", type=int, default=1234)
+        p.add_argument("--seed", type=int, default=1234, help="split, shuffling and initialisation of new weights")
     return add
 
 
@@ -560,13 +566,13 @@ def _pii_args(p):
                    help="the training corpus: text files or `hitoban corpus` folders (with --canaries: the small "
                         "corpus to plant fake contacts into)")
     p.add_argument("--samples", type=int, default=60, help="distinct contacts to try (3LM: 60)")
-    p.add_argument("--max-new-tokens", type=int, default=40)
+    p.add_argument("--max-new-tokens", type=int, default=40, help="greedy tokens generated per attack (3LM: 40)")
     p.add_argument("--canaries", type=int, metavar="N",
                    help="sensitivity control: plant N fake contacts at --repetitions, train a tiny model on the "
                         "planted copy and one on the clean copy, attack both")
     p.add_argument("--repetitions", default="1,4,16,64", help="comma-separated repetition counts for --canaries")
     p.add_argument("--steps", type=int, default=400, help="--canaries: training steps per tiny model")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="--canaries: seed for the fakes, their placement and models")
     p.add_argument("--out", help="JSON report (masked values only); with --canaries a folder (default pii-canaries)")
 
 
@@ -712,7 +718,7 @@ def _demo_args(p):
                         "Bunko or FineWeb-2 (network), or your own files")
     p.add_argument("--quick", action="store_true", help="fewer steps everywhere (CI); every stage still runs")
     p.add_argument("--cpu", action="store_true", default=None, help="stay on the CPU even with a GPU/MPS")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="one seed for every stage")
     p.add_argument("--until", metavar="STAGE", help="stop after this stage (corpus, tokenizer, shards, calibrate, "
                                                     "pretrain, sft, eval, leaks, pii, card, upload)")
 
@@ -726,17 +732,45 @@ def _demo(args) -> int:
     return 0
 
 
+PIPELINE = {  # the order a night goes in; `hitoban --help` lists the verbs this way
+    "start here": ["demo", "doctor"],
+    "data": ["corpus", "tokenizer", "shards"],
+    "pretraining": ["calibrate", "killtest", "pretrain", "watch", "plot"],
+    "fine-tuning": ["check-mask", "sft", "tone", "chat"],
+    "evaluation": ["eval", "compare", "leaks", "pii"],
+    "publishing": ["secrets", "card", "upload", "space"],
+    "models": ["check-kvcache", "export-llama", "import"],
+}
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option shows its default, unless it has none worth showing or its help already says it."""
+
+    def _get_help_string(self, action):
+        help_text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in help_text:
+            return help_text
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from hitoban import __version__
 
+    ordered = [name for names in PIPELINE.values() for name in names]
+    assert sorted(ordered) == sorted(VERBS), f"verbs missing from PIPELINE: {set(VERBS) ^ set(ordered)}"
+    width = max(map(len, ordered))
+    listing = "\n".join(f"{group}:\n" + "\n".join(f"  {name:<{width}}  {VERBS[name][0]}" for name in names)
+                        for group, names in PIPELINE.items())
     parser = argparse.ArgumentParser(
-        prog="hitoban",
+        prog="hitoban", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a small language model overnight on one GPU or Mac, measure it honestly, publish it.",
-    )
+        epilog=f"verbs, in the order a night goes:\n{listing}\n\n`hitoban VERB --help` explains each option with "
+               "its default.")
     parser.add_argument("--version", action="version", version=f"hitoban {__version__}")
-    sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
-    for name, (help_text, add_arguments, run) in VERBS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True, help="one of the verbs below")
+    for name in ordered:
+        help_text, add_arguments, run = VERBS[name]
+        p = sub.add_parser(name, description=help_text, formatter_class=HelpFormatter)
         add_arguments(p)
         p.set_defaults(handler=run)
     return parser

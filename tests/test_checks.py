@@ -82,3 +82,37 @@ def test_non_editable_install_has_every_area_package_and_the_builtin_text(tmp_pa
                          env={**__import__("os").environ, "PYTHONPATH": str(tmp_path / "site")})
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip().startswith(str(tmp_path / "site"))
+
+
+def test_every_option_of_every_verb_explains_itself_with_its_default(capsys):
+    import argparse
+
+    from hitoban.cli import PIPELINE, build_parser
+
+    parser = build_parser()
+    verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert list(verbs) == [name for names in PIPELINE.values() for name in names]  # pipeline order
+    for name, sub in verbs.items():
+        undocumented = [a.dest for a in sub._actions if not a.help]
+        assert not undocumented, f"hitoban {name}: options without help: {undocumented}"
+        with pytest.raises(SystemExit):
+            main([name, "--help"])
+        text = capsys.readouterr().out
+        assert sub.description in " ".join(text.split()) or name in text
+    main_help = build_parser().format_help()
+    positions = [main_help.index(f"\n  {verb} ") for verb in ("corpus", "pretrain", "sft", "upload")]
+    assert positions == sorted(positions)
+    with pytest.raises(SystemExit):
+        main(["pretrain", "--help"])
+    assert "(default: 0.0006)" in capsys.readouterr().out
+
+
+def test_the_console_script_help_loads_neither_torch_nor_transformers():
+    """`hitoban --help` answered after 5-8 s of imports; as the console script, the package now loads torch only
+    when a verb needs it."""
+    code = ("import sys; sys.argv = ['hitoban', '--help']\n"
+            "from hitoban.cli import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print('heavy:', sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "verbs, in the order a night goes" in done.stdout and "heavy: []" in done.stdout, done.stderr[-2000:]

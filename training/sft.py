@@ -117,7 +117,7 @@ def finetune(base: str | Path, data: list[str | Path], out: str | Path, *, lr: f
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
-    import hitoban  # noqa: F401  (Auto classes)
+    import hitoban.modeling  # noqa: F401  (registers the Auto classes)
 
     started = time.time()
     base, out = Path(base), Path(out)
