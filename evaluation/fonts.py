@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import warnings
+
 CANDIDATES = ("Noto Sans CJK JP", "Noto Sans JP", "IPAexGothic", "IPAGothic", "TakaoGothic", "Hiragino Sans",
               "Yu Gothic", "Meiryo", "VL Gothic", "Droid Sans Fallback")
+_warned = False
 
 
 def use_japanese_font() -> str | None:
@@ -20,4 +23,10 @@ def use_japanese_font() -> str | None:
             matplotlib.rcParams["font.family"] = "sans-serif"
             matplotlib.rcParams["font.sans-serif"] = [name, *matplotlib.rcParams["font.sans-serif"]]
             return name
+    global _warned
+    if not _warned:  # once per process: every figure after this one has the same problem
+        _warned = True
+        warnings.warn("no Japanese font found: Japanese labels in figures will show as empty boxes. Install one, e.g. "
+                      "`sudo apt-get install fonts-ipaexfont-gothic` (Debian/Ubuntu) or Noto Sans CJK JP",
+                      UserWarning, stacklevel=2)
     return None

@@ -719,6 +719,7 @@ def _demo_args(p):
     p.add_argument("--quick", action="store_true", help="fewer steps everywhere (CI); every stage still runs")
     p.add_argument("--cpu", action="store_true", default=None, help="stay on the CPU even with a GPU/MPS")
     p.add_argument("--seed", type=int, default=0, help="one seed for every stage")
+    p.add_argument("--force", action="store_true", help="replace --out if an earlier `hitoban demo` made it")
     p.add_argument("--until", metavar="STAGE", help="stop after this stage (corpus, tokenizer, shards, calibrate, "
                                                     "pretrain, sft, eval, leaks, pii, card, upload)")
 
@@ -728,7 +729,7 @@ def _demo_args(p):
 def _demo(args) -> int:
     from hitoban.demo import run_demo
 
-    run_demo(args.out, args.source, args.quick, args.cpu, args.seed, args.until)
+    run_demo(args.out, args.source, args.quick, args.cpu, args.seed, args.until, args.force)
     return 0
 
 

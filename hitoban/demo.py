@@ -162,6 +162,19 @@ def pretrain_with_kill(shards: Path, out: Path, settings: DemoSettings, cpu: boo
             "val_losses": [(r["step"], r["val_loss"]) for r in evals]}
 
 
+def validation_summary(val_losses: list[tuple[int, float]]) -> str:
+    """Validation loss, first -> best -> last, and what it means when it rose again (memorisation)."""
+    if not val_losses:
+        return "no validation split"
+    best_step, best = min(val_losses, key=lambda sv: sv[1])
+    last_step, last = val_losses[-1]
+    text = f"val loss {val_losses[0][1]:.2f} -> best {best:.2f} at step {best_step}"
+    if last > best + 0.05:
+        text += (f" -> {last:.2f} at step {last_step}: it rose again, the model is memorising the small training "
+                 "text (final/ keeps the best-validation weights)")
+    return text
+
+
 def check_from_pretrained(release: Path) -> str:
     """Load and generate in a fresh process where `import hitoban` fails: only the saved remote code is used."""
     code = (
@@ -174,19 +187,24 @@ def check_from_pretrained(release: Path) -> str:
         " return_tensors='pt', return_dict=True)\n"
         "out = model.generate(**ids, max_new_tokens=30, do_sample=False,"
         " eos_token_id=tok.convert_tokens_to_ids('<|end|>'), pad_token_id=tok.pad_token_id)\n"
-        "print('RESULT|' + type(model).__module__ + '|' + tok.decode(out[0, ids['input_ids'].shape[1]:],"
+        "new = out[0, ids['input_ids'].shape[1]:]\n"
+        "print('RESULT|' + type(model).__module__ + '|' + str(len(new)) + '|' + tok.decode(new,"
         " skip_special_tokens=True))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if done.returncode:
         raise RuntimeError(f"from_pretrained(trust_remote_code=True) failed:\n{done.stderr[-3000:]}")
     result = [line for line in done.stdout.splitlines() if line.startswith("RESULT|")][-1]
-    _, module, text = result.split("|", 2)
+    _, module, generated, text = result.split("|", 3)
     if not module.startswith("transformers_modules"):
         raise RuntimeError(f"the model loaded from {module}, not from the remote code saved with it")
+    if not text.strip():  # say why, rather than print ''
+        return (f"(an empty reply: the model generated {generated} token(s) and ended with <|end|>; a tiny model on "
+                "tiny data often answers a greeting by ending the turn)")
     return text
 
 
+DEMO_MARKER = "HITOBAN_DEMO"
 STAGES = ("corpus", "tokenizer", "shards", "calibrate", "pretrain", "sft", "eval", "leaks", "pii", "card", "upload",
           "load")
 
@@ -252,9 +270,10 @@ class DemoRun:
             raise CheckFailed(f"the kill test failed ({', '.join(failed)}): see {self.out}/killtest.json")
         same = ("bit-identical to" if result["killed_bit_identical"] else
                 f"max |diff| {result['killed_diff']:.1e} ({result['mode']}) from")
-        return (f"loss {result['loss_first']:.2f} -> {result['loss_last']:.2f} in {result['steps']} steps; SIGKILLed "
-                f"at steps {result['killed_at_steps']} (once mid-save), resumed {result['resumes']}x, {same} an "
-                "uninterrupted run; dropped-optimizer control detected"), result
+        return (f"train loss {result['loss_first']:.2f} -> {result['loss_last']:.2f} in {result['steps']} steps; "
+                f"{validation_summary(result['val_losses'])}; SIGKILLed at steps {result['killed_at_steps']} (once "
+                f"mid-save), resumed {result['resumes']}x, {same} an uninterrupted run; dropped-optimizer control "
+                "detected"), result
 
     def sft(self):
         from hitoban.training.chat_data import ChatFilterSettings
@@ -356,13 +375,15 @@ class DemoRun:
 
     def load(self):
         text = check_from_pretrained(self.release)
-        return f"AutoModelForCausalLM (remote code, no hitoban) says: {text[:40]!r}", text
+        shown = text if text.startswith("(an empty reply") else repr(text[:60])
+        return f"AutoModelForCausalLM (remote code, no hitoban) says: {shown}", text
 
 
 def run_demo(out: str | os.PathLike = "hitoban-demo", source: list[str] | None = None, quick: bool = False,
-             cpu: bool | None = None, seed: int = 0, until: str | None = None, log=print) -> dict:
-    """Run the stages (all, or up to `until`) into `out`, which must be new or empty; returns the report that is
-    also written as report.json and report.md."""
+             cpu: bool | None = None, seed: int = 0, until: str | None = None, force: bool = False,
+             log=print) -> dict:
+    """Run the stages (all, or up to `until`) into `out`, which must be new or empty (or, with `force`, an earlier
+    demo's folder, replaced); returns the report that is also written as report.json and report.md."""
     import torch
 
     if until is not None and until not in STAGES:
@@ -370,8 +391,16 @@ def run_demo(out: str | os.PathLike = "hitoban-demo", source: list[str] | None =
     started = time.time()
     out = Path(out)
     if out.exists() and any(out.iterdir()):
-        raise OutputExistsError(f"{out} already exists and is not empty; remove it or choose another --out")
+        if not force:
+            raise OutputExistsError(f"{out} already exists and is not empty; pass --force to replace an earlier demo, "
+                                    "or choose another --out")
+        if not (out / DEMO_MARKER).exists():
+            raise OutputExistsError(f"{out} is not a folder `hitoban demo` made (no {DEMO_MARKER}); --force only "
+                                    "replaces earlier demos. Choose another --out")
+        shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
+    (out / DEMO_MARKER).write_text("made by `hitoban demo`; `hitoban demo --force` may replace this folder\n",
+                                   encoding="utf-8")
     source = source or ["builtin"]
     settings = DemoSettings.quick() if quick else DemoSettings()
     cpu = cpu if cpu is not None else not (torch.cuda.is_available() or torch.backends.mps.is_available())

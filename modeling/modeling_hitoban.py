@@ -277,6 +277,9 @@ class HitobanModel(HitobanPreTrainedModel):
 
 class HitobanForCausalLM(HitobanPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    # The tied output is never saved; naming it here makes the Trainer re-tie it when it reloads the best
+    # checkpoint, instead of warning that `lm_head.weight` is missing.
+    _keys_to_ignore_on_save = ["lm_head.weight"]
 
     def __init__(self, config: HitobanConfig):
         super().__init__(config)

@@ -17,6 +17,7 @@ def demo(tmp_path_factory):
     return out, json.loads((out / "report.json").read_text(encoding="utf-8"))
 
 
+@pytest.mark.slow
 def test_every_stage_ran_and_the_report_links_real_files(demo):
     out, report = demo
     assert [r["stage"] for r in report["stages"]] == ["corpus", "tokenizer", "shards", "calibrate", "pretrain",
@@ -29,6 +30,7 @@ def test_every_stage_ran_and_the_report_links_real_files(demo):
         assert f"| {row['stage']} |" in text
 
 
+@pytest.mark.slow
 def test_loss_fell_and_the_killed_run_resumed_bit_identically(demo):
     _, report = demo
     pretrain = report["pretrain"]
@@ -42,6 +44,7 @@ def test_loss_fell_and_the_killed_run_resumed_bit_identically(demo):
     assert sft["best_val_loss"] < sft["first_val_loss"]
 
 
+@pytest.mark.slow
 def test_checks_and_release(demo):
     out, report = demo
     assert report["leaks"] is False
@@ -55,11 +58,36 @@ def test_checks_and_release(demo):
     assert "bit-identical" in card and "bits/char" in card
 
 
+@pytest.mark.slow
 def test_demo_refuses_a_used_folder(demo):
     from hitoban.cli import main
 
     out, _ = demo
     assert main(["demo", "--quick", "--out", str(out)]) == 2
+
+
+def test_force_replaces_an_earlier_demo_and_nothing_else(tmp_path):
+    from hitoban.cli import main
+
+    out = tmp_path / "demo"
+    assert main(["demo", "--quick", "--out", str(out), "--until", "corpus"]) == 0
+    assert main(["demo", "--quick", "--out", str(out), "--until", "corpus"]) == 2  # used: refused
+    (out / "mine.txt").write_text("left by the previous demo run\n")
+    assert main(["demo", "--quick", "--out", str(out), "--until", "corpus", "--force"]) == 0
+    assert not (out / "mine.txt").exists() and (out / "corpus" / "manifest.json").exists()
+    other = tmp_path / "my-thesis"
+    other.mkdir()
+    (other / "chapter1.txt").write_text("not a demo\n")
+    assert main(["demo", "--quick", "--out", str(other), "--until", "corpus", "--force"]) == 2
+    assert (other / "chapter1.txt").exists()  # --force never deletes a folder the demo did not make
+
+
+def test_validation_summary_says_when_the_model_memorises():
+    from hitoban.demo import validation_summary
+
+    assert validation_summary([(10, 7.5), (20, 6.0), (30, 6.02)]) == "val loss 7.50 -> best 6.00 at step 20"
+    rose = validation_summary([(10, 7.5), (20, 6.0), (60, 7.7)])
+    assert "-> 7.70 at step 60: it rose again, the model is memorising" in rose
 
 
 def test_own_files_as_source_up_to_the_shards(tmp_path, corpus):

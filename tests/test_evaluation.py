@@ -387,3 +387,15 @@ def test_plot_run_draws_loss_curves_and_resumes(tmp_path):
     assert [p.name for p in paths] == ["loss.png"] and paths[0].stat().st_size > 10_000
     with pytest.raises(FileNotFoundError, match="no training log"):
         plot_run(tmp_path)
+
+
+def test_a_missing_japanese_font_is_named_once(monkeypatch):
+    from hitoban.evaluation import fonts
+
+    monkeypatch.setattr(fonts, "CANDIDATES", ("No Such Font For hitoban",))
+    monkeypatch.setattr(fonts, "_warned", False)
+    with pytest.warns(UserWarning, match="fonts-ipaexfont-gothic"):
+        assert fonts.use_japanese_font() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fonts.use_japanese_font() is None  # said once, not for every figure

@@ -196,6 +196,7 @@ def test_calibrate_measures_candidates_and_picks_d_over_n_near_20(tiny_shards):
 KILLTEST_OPTIONS = ["--preset", "tiny", "--context", "64", "--batch-size", "8", "--seed", "4242", "--cpu"]
 
 
+@pytest.mark.slow
 def test_killtest_resumed_run_is_bit_identical_and_the_control_fails(tiny_shards, tmp_path):
     """With the night's own options, here dropout 0.1 (finding 5: the kill test used to ignore them, and a dropout
     run did not resume exactly, finding 4)."""
@@ -243,6 +244,7 @@ def _launch(args: list[str], processes: int, tmp_path) -> subprocess.CompletedPr
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
 
 
+@pytest.mark.slow
 def test_two_process_ddp_matches_one_process_and_resumes_in_one(tiny_shards, tmp_path):
     common = ["pretrain", "--data", str(tiny_shards), "--preset", "tiny", "--context", "64", "--steps", "12",
               "--batch-size", "8", "--log-every", "4", "--eval-every", "100", "--no-progress", "--cpu"]

@@ -118,6 +118,7 @@ def test_every_code_block_is_tagged_and_every_substitution_applies():
     assert "python -m pytest -q" in install and "python -m pytest -q" in ci_script
 
 
+@pytest.mark.slow
 def test_every_ci_command_in_the_readme_runs(tmp_path, monkeypatch):
     env = shell_env(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     monkeypatch.chdir(tmp_path)

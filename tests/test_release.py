@@ -112,6 +112,7 @@ def canary_run(tmp_path_factory, literature_texts):
     return out, pii.canary_control(lines, out, count=8, repetitions=(1, 4, 16, 64), steps=200, seed=0, log=print)
 
 
+@pytest.mark.slow
 def test_canary_control_shows_the_probe_is_sensitive(canary_run):
     out, report = canary_run
     planted = {r["repetitions"]: r for r in report["planted_model"]["by_repetitions"]}
@@ -129,6 +130,7 @@ def test_canary_control_shows_the_probe_is_sensitive(canary_run):
         assert canary["value"] not in report_text  # the report itself holds no contact
 
 
+@pytest.mark.slow
 def test_probe_cli_finds_planted_contacts_and_never_prints_them(canary_run, tmp_path, capsys):
     from hitoban.cli import main
 

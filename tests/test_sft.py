@@ -149,13 +149,17 @@ def test_collator_refuses_all_ignored_and_all_counted_batches(pretrained):
 
 # ------------------------------------------------------------------------------------------------ Trainer runs
 
-def test_sft_lowers_validation_loss_and_resumes(pretrained, chats, tmp_path, corpus):
+def test_sft_lowers_validation_loss_and_resumes(pretrained, chats, tmp_path, corpus, caplog):
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_propagation()  # the Trainer's warnings reach caplog
     common = dict(lr=3e-3, batch_size=16, eval_steps=10, val_frac=0.1, log=lambda *_: None,
                   filters=ChatFilterSettings(max_user_chars=200, max_assistant_chars=300, min_char_freq=1),
                   exclude=[corpus / "3lm-eval" / "holdout_clean.txt"])
     summary = finetune(pretrained, [chats], tmp_path / "sft", max_steps=30, **common)
     assert summary["conversations"] > 300 and 0.3 < summary["counted_ratio"] < 0.7
     assert summary["best_val_loss"] < summary["first_val_loss"] - 0.3 and not summary["resumed"]
+    assert "missing keys" not in caplog.text  # the tied lm_head is re-tied when the best checkpoint is reloaded
     saved = json.loads((tmp_path / "sft" / "summary.json").read_text())
     assert saved["best_step"] == summary["best_step"] and str(tmp_path) not in json.dumps(saved)
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "sft")
