@@ -342,7 +342,9 @@ def _calibrate_args(p):
                    help="repeatable; default: tiny:8 small:16 3lm:24 3lm:32 3lm:48 zxell-s:16")
     p.add_argument("--vocab-size", type=int, default=32000, help="vocabulary without --data (with it: the shards')")
     p.add_argument("--context", type=int, help="tokens per sequence (default: each preset's)")
-    p.add_argument("--steps", type=int, default=10, help="timed steps per candidate (after --warmup)")
+    p.add_argument("--steps", type=int, default=10,
+                   help="timed steps per candidate at least (after --warmup); more, up to a minute, until the "
+                        "timings settle within 10%%")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (allocation, kernel selection)")
     p.add_argument("--cpu", action="store_true", help="measure the CPU even when a GPU/MPS is present")
     p.add_argument("--out", help="also write the table as JSON")
@@ -356,7 +358,7 @@ def _calibrate(args) -> int:
     print(f"{'candidate':<16}{'params':>8}{'non-emb':>9}{'tok/s':>17}{'memory':>10}{'tokens':>22}{'D/N':>11}")
     result = calibrate(args.candidate or DEFAULT_CANDIDATES, args.hours, args.data, args.vocab_size, args.context,
                        args.steps, args.warmup, args.cpu)
-    print(f"selected {result['selected']} (D/N closest to 20); run:\n  {result['command']}")
+    print(f"selected {result['selected']} (D/N closest to 20): {result['sureness']}; run:\n  {result['command']}")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     return 0

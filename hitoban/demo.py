@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -321,7 +322,9 @@ class DemoRun:
         (self.out / "eval" / "leaks.json").write_text(json.dumps(result, indent=2, ensure_ascii=False),
                                                       encoding="utf-8")
         verdict = "LEAKED" if result["leaked"] else "no held-out text in the corpus or SFT data"
-        return f"{result['probes']} probes (self-test passed): {verdict}", result["leaked"]
+        coverage = result["coverage"]
+        return (f"{coverage['probed_lines']} of {coverage['lines']} held-out lines probed ({result['probes']} probes, "
+                f"{result['whole_turns']} whole turns; self-test passed): {verdict}"), result["leaked"]
 
     def pii(self):
         from hitoban.release import pii
@@ -408,8 +411,9 @@ def run_demo(out: str | os.PathLike = "hitoban-demo", source: list[str] | None =
                     ("cuda" if torch.cuda.is_available() else "mps")}
     log(f"hitoban demo -> {out} (source {' '.join(source)}, {'quick' if quick else 'full'}, {report['device']})")
     demo, stages = DemoRun(out, source, settings, cpu, seed, log), Stages(log)
-    for name in STAGES[:STAGES.index(until) + 1] if until else STAGES:
-        report[name] = stages.run(name, getattr(demo, name))
+    with quiet_transformers():  # one line per stage: no per-save progress bars or library notes on stderr
+        for name in STAGES[:STAGES.index(until) + 1] if until else STAGES:
+            report[name] = stages.run(name, getattr(demo, name))
     report["stages"] = stages.rows
     report["seconds"] = round(time.time() - started, 1)
     (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
@@ -418,6 +422,22 @@ def run_demo(out: str | os.PathLike = "hitoban-demo", source: list[str] | None =
     log(f"\ndone in {report['seconds']:.0f} s. Report: {out / 'report.md'}"
         + (f"; model: {demo.release} (chat with `hitoban chat {demo.release}`)" if demo.release.exists() else ""))
     return report
+
+
+@contextmanager
+def quiet_transformers():
+    """transformers' own progress bars (every save and load) and info notes, off for the demo, restored after."""
+    from transformers.utils import logging as hf_logging
+
+    bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def summary_table(report: dict) -> str:

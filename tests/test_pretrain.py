@@ -187,8 +187,11 @@ def test_calibrate_measures_candidates_and_picks_d_over_n_near_20(tiny_shards):
     for row in result["results"]:
         assert row["tok_per_sec"] > 0 and row["tokens_in_budget"] == int(row["tok_per_sec"] * 36 * 0.9)
         assert row["d_over_n"] == row["tokens_in_budget"] / row["non_embedding"]
+        assert row["steps_timed"] >= 2 and row["spread"] >= 0  # per-step times: median and interquartile range
+        assert row["tok_per_sec_range"][0] <= row["tok_per_sec"] <= row["tok_per_sec_range"][1]
     best = min(result["results"], key=lambda r: abs(r["d_over_n"] - 20))
     assert result["selected"] == best["label"] and f"--tokens {best['tokens_in_budget']}" in result["command"]
+    assert "so the night holds" in result["sureness"]
 
 
 # ------------------------------------------------------------------------------------------------ kill test
