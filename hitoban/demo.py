@@ -85,6 +85,7 @@ def prepare_data(source: list[str], data: Path, settings: DemoSettings):
                   for i in range(0, len(train_chats), 5)]
         (data / "dialogue_train.txt").write_text("\n\n".join(blocks) + "\n", encoding="utf-8")
         domains["prose"] = data / "prose_heldout.txt"
+        write_recipe_inputs(data.parent / "recipe-inputs", train, held, train_chats, held_chats)
         fakes = data / "fake-contacts"  # marked, so secret scans skip the planted contacts and say so
         fakes.mkdir(exist_ok=True)
         (fakes / TEST_DATA_MARKER).write_text("Fake contacts (Faker ja_JP) for the PII probe; nobody's data.\n",
@@ -102,6 +103,48 @@ def prepare_data(source: list[str], data: Path, settings: DemoSettings):
     if source in (["aozora"], ["fineweb2-ja"]):
         return [hub_source(source[0])], domains, None, settings.aozora_chars
     return [local_source(source)], domains, None, None
+
+
+RECIPE_INPUTS = """# The overnight recipe's inputs, small
+
+Every input the README's recipe names, in its format, made from the demo's built-in text (Apache-2.0). Replace them
+with your own, keeping the format:
+
+- `my_texts/`: your pretraining text; a folder = one document per `.txt` file (a single `.txt` file: one document
+  per line). `hitoban corpus --input my_texts/ --license "..."`.
+- `chats.jsonl`: chat fine-tuning data, one JSON object per line: `{"user": "...", "assistant": "..."}` or
+  `{"messages": [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]}`; also TSV
+  (`user<TAB>assistant`) or 3LM's `<|user|>Q<|assistant|>A<|end|>` lines.
+- `holdout.txt`: held-out chats never to train on, one per line in 3LM's format `<|user|>Q<|assistant|>A<|end|>`
+  (`hitoban sft --exclude`, `hitoban leaks --holdout`, and a bits/char domain).
+- `tone.jsonl`: the character-tone data, the same format as `chats.jsonl` (here: a copy of some chats; write your
+  character's replies).
+- `eval/NAME.txt`: held-out text per domain for bits/char (`--domain NAME=eval/NAME.txt`); the recipe names
+  `literature` and `web`, the demo has `prose` and `dialogue`.
+- `small.txt`: a little text (~10k characters) for the PII probe's canary control (`hitoban pii --canaries`).
+- `questions.jsonl`: fixed evaluation questions, `{"id": "...", "category": "...", "turns": ["..."],
+  "keywords": ["...", ...]}` (keywords: the topic-retention metric).
+"""
+
+
+def write_recipe_inputs(folder: Path, prose: list[str], held_prose: list[str], chats: list[dict],
+                        held_chats: list[dict]) -> None:
+    """A tiny example of every input the README's recipe names, under the recipe's own names."""
+    (folder / "my_texts").mkdir(parents=True, exist_ok=True)
+    (folder / "eval").mkdir(exist_ok=True)
+    for i, text in enumerate(prose):
+        (folder / "my_texts" / f"{i:03d}.txt").write_text(text + "\n", encoding="utf-8")
+    lines = {"chats.jsonl": [json.dumps(c, ensure_ascii=False) for c in chats],
+             "tone.jsonl": [json.dumps(c, ensure_ascii=False) for c in chats[:20]],
+             "holdout.txt": [f"<|user|>{c['user']}<|assistant|>{c['assistant']}<|end|>" for c in held_chats],
+             "eval/prose.txt": held_prose,
+             "eval/dialogue.txt": [f"「{c['user']}」「{c['assistant']}」" for c in held_chats],
+             "small.txt": prose}
+    for name, rows in lines.items():
+        (folder / name).write_text("\n".join(rows) + "\n", encoding="utf-8")
+    (folder / "questions.jsonl").write_text(files("hitoban.data").joinpath("builtin_questions.jsonl")
+                                            .read_text(encoding="utf-8"), encoding="utf-8")
+    (folder / "README.md").write_text(RECIPE_INPUTS, encoding="utf-8")
 
 
 def fake_notice(documents: list[str], seed: int) -> str:

@@ -82,6 +82,27 @@ def test_force_replaces_an_earlier_demo_and_nothing_else(tmp_path):
     assert (other / "chapter1.txt").exists()  # --force never deletes a folder the demo did not make
 
 
+def test_the_recipe_inputs_are_there_and_read_by_the_real_readers(tmp_path):
+    """Issue 13: every input the README recipe names exists after the demo, in a format its verb reads."""
+    from hitoban.cli import main
+    from hitoban.evaluation.generation import load_questions
+    from hitoban.evaluation.leaks import read_holdout
+    from hitoban.training.chat_data import read_conversations, read_holdout_pairs
+    from hitoban.training.corpus import local_source
+
+    out = tmp_path / "demo"
+    assert main(["demo", "--quick", "--out", str(out), "--until", "corpus"]) == 0
+    inputs = out / "recipe-inputs"
+    assert len(list(local_source([str(inputs / "my_texts")], doc_per_file=True).documents())) >= 30
+    chats, info = read_conversations([inputs / "chats.jsonl"])
+    assert len(chats) >= 50 and info["bad_lines"] == 0 and len(read_conversations([inputs / "tone.jsonl"])[0]) == 20
+    assert len(read_holdout_pairs(inputs / "holdout.txt")) >= 8 and all(len(t) == 2 for t in read_holdout(
+        inputs / "holdout.txt") if t)
+    assert len(load_questions(inputs / "questions.jsonl")) == 10
+    assert (inputs / "eval" / "prose.txt").stat().st_size > 500 and "chats.jsonl" in (inputs / "README.md").read_text()
+    assert 5_000 < len((inputs / "small.txt").read_text(encoding="utf-8")) < 20_000
+
+
 def test_validation_summary_says_when_the_model_memorises():
     from hitoban.demo import validation_summary
 

@@ -16,8 +16,11 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 
 import pytest
 from conftest import CORPUS, REPO
@@ -75,20 +78,43 @@ def commands(code: str) -> list[str]:
     return [line for line in code.replace("\\\n", " ").splitlines() if line.strip()]
 
 
+COMMAND_SECONDS = 300  # each README command's own deadline (on a loaded 2-core machine), instead of one for all
+
+
+@contextmanager
+def deadline(seconds: int, what: str):
+    """Fail the command that hangs, by name, instead of the whole README test at its global timeout."""
+    def expire(signum, frame):
+        raise TimeoutError(f"README command took more than {seconds} s: {what}")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)  # pytest-timeout's own timer, re-armed below
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 0.01))
+
+
 def run_in_process(lang: str, code: str, env) -> None:
     """`hitoban …` lines go straight to `hitoban.cli.main` and Python blocks to `exec` in this process: a fresh
     interpreter costs ~10 s of imports here, times 30 commands. Anything else (torchrun) runs in a shell."""
     from hitoban.cli import main
 
     if lang == "python":
-        exec(compile(code, "README.md", "exec"), {"__name__": "__main__"})
+        with deadline(COMMAND_SECONDS, code.splitlines()[0]):
+            exec(compile(code, "README.md", "exec"), {"__name__": "__main__"})
         return
     for line in commands(code):
         argv = shlex.split(line, comments=True)
-        if argv[0] == "hitoban":
-            assert main(argv[1:]) == 0, f"README command failed: {line}"
-        else:
-            run_block("bash", line, os.getcwd(), env)
+        with deadline(COMMAND_SECONDS, line):
+            if argv[0] == "hitoban":
+                assert main(argv[1:]) == 0, f"README command failed: {line}"
+            else:
+                run_block("bash", line, os.getcwd(), env)
 
 
 def make_my_texts(folder) -> None:
@@ -102,6 +128,12 @@ def make_my_texts(folder) -> None:
         (folder / book.name).symlink_to(book)
     snippets = ["".join(book.read_text(encoding="utf-8").split())[500:700] for book in books[:3]]
     (folder / "000000_notice.txt").write_text(fake_notice(snippets, seed=3), encoding="utf-8")  # sorts first
+
+
+def test_a_hanging_readme_command_fails_by_name():
+    with pytest.raises(TimeoutError, match="more than 1 s: sleep forever"):
+        with deadline(1, "sleep forever"):
+            time.sleep(5)
 
 
 def test_every_code_block_is_tagged_and_every_substitution_applies():
@@ -119,6 +151,7 @@ def test_every_code_block_is_tagged_and_every_substitution_applies():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the sum of the commands; each one has its own COMMAND_SECONDS deadline
 def test_every_ci_command_in_the_readme_runs(tmp_path, monkeypatch):
     env = shell_env(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     monkeypatch.chdir(tmp_path)
