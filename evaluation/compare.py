@@ -22,7 +22,7 @@ RAW_PROMPTS = ["梅雨が明けると、庭の紫陽花は", "この製品の保
 
 @torch.no_grad()
 def continue_text(model, tokenizer, prompt: str, settings: dict) -> str:
-    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)["input_ids"].to(model.device)
     processors, flags = sampling_processors(ids.shape[1], settings)
     length = settings["max_new_tokens"]  # raw mode has no stop: always the full length
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=length, min_new_tokens=length,

@@ -29,7 +29,7 @@ def check_kvcache(
     """Greedy-decode `steps` tokens with the cache and compare each step's logits with a full forward."""
     torch.manual_seed(seed)
     model = (model or HitobanForCausalLM(HitobanConfig(**KVCACHE_CONFIG))).float().eval()
-    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len))
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len)).to(model.device)
     cache = DynamicCache(config=model.config)
     logits = model(ids, cache=cache, use_cache=True).logits[:, -1]
     diffs = []

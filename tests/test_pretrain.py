@@ -237,14 +237,14 @@ def test_restore_check_compares_memory_with_a_fresh_reload_and_can_fail(tiny_sha
 
 # ------------------------------------------------------------------------------------------------ distributed
 
-def _launch(args: list[str], processes: int, tmp_path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "MASTER_PORT": "29517"}
+def _launch(args: list[str], processes: int, tmp_path, timeout: int = 600, **extra_env) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "MASTER_PORT": "29517", **extra_env}
     if processes == 1:
         command = [sys.executable, "-m", "hitoban.cli", *args]
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
                    "--master_port", "29517", "-m", "hitoban.cli", *args]
-    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=timeout)
 
 
 @pytest.mark.slow
@@ -320,3 +320,28 @@ def test_resume_refuses_a_changed_option_and_names_it(tiny_shards, tmp_path):
                if json.loads(line)["type"] == "change"]
     assert changes and changes[0]["changes"]["lr"] == [0.0006, 0.001]
     assert main(args + ["--allow-change", "learning_rate"]) == 2  # unknown option names are refused
+
+
+@pytest.mark.slow
+def test_ranks_with_skewed_clocks_stop_together(tiny_shards, tmp_path):
+    """Each rank used to decide --max-hours from its own clock: rank 1 (clock 28 h ahead) stopped and saved while
+    rank 0 went on training, and both waited forever in different collectives. The decision is now shared."""
+    from hitoban.training.pretrain import CLOCK_SKEW_ENV
+
+    args = ["pretrain", "--data", str(tiny_shards), "--preset", "tiny", "--context", "64", "--steps", "12",
+            "--batch-size", "8", "--eval-every", "100", "--no-progress", "--cpu", "--max-hours", "1",
+            "--out", str(tmp_path / "skewed")]
+    done = _launch(args, 2, tmp_path, timeout=240, **{CLOCK_SKEW_ENV: "1:100000"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((current_slot(tmp_path / "skewed") / "train_state.json").read_text())["step"] == 1
+    assert "pretrain stopped (max_hours) at step 1/12" in done.stdout
+
+
+def test_an_fp16_overflow_is_a_skipped_step_not_divergence():
+    from hitoban.training.pretrain import step_outcome
+
+    assert step_outcome(2.5, 1.3, fp16=False, skipped_in_a_row=0) == "ok"
+    assert step_outcome(2.5, float("inf"), fp16=True, skipped_in_a_row=0) == "skipped"  # the scaler's job
+    assert step_outcome(2.5, float("inf"), fp16=True, skipped_in_a_row=20) == "diverged"  # it never recovers
+    assert step_outcome(2.5, float("inf"), fp16=False, skipped_in_a_row=0) == "diverged"
+    assert step_outcome(float("nan"), 1.0, fp16=True, skipped_in_a_row=0) == "diverged"

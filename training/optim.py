@@ -33,7 +33,9 @@ class AdamW(torch.optim.AdamW):
 
     def __init__(self, params, lr: float = 6e-4, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.1,
                  bias_correction: bool = True):
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=False)
+        # foreach=None: torch's multi-tensor kernels where they exist (CUDA), the per-parameter loop on the CPU, so
+        # CPU results stay bit-identical across runs and resumes
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=None)
         self.bias_correction = bias_correction
 
     @torch.no_grad()

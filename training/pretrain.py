@@ -109,6 +109,39 @@ def allowed_changes(option: str | None) -> set[str]:
     return names
 
 
+CLOCK_SKEW_ENV = "HITOBAN_TEST_CLOCK_SKEW"  # test hook: "RANK:SECONDS" adds SECONDS to that rank's clock
+
+
+def clock_skew(rank: int) -> float:
+    target, _, seconds = os.environ.get(CLOCK_SKEW_ENV, "").partition(":")
+    return float(seconds) if target and int(target) == rank else 0.0
+
+
+def shared_any(accelerator, *flags: bool) -> list[bool]:
+    """One decision for every process: a flag true on any rank is true on all. Each rank has its own clock,
+    signals and timers, and a save or a stop taken by one rank alone leaves the others waiting in a collective
+    that never comes (a hang)."""
+    if accelerator.num_processes == 1:
+        return [bool(f) for f in flags]
+    import torch.distributed as dist
+
+    tensor = torch.tensor([float(f) for f in flags], device=accelerator.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return [bool(v) for v in tensor.tolist()]
+
+
+def step_outcome(loss: float, grad_norm: float, fp16: bool, skipped_in_a_row: int, max_skips: int = 20) -> str:
+    """'ok', 'skipped' (fp16: the gradient scaler overflowed and skips this update, as it is meant to) or
+    'diverged' (a non-finite loss, a non-finite gradient without fp16, or too many skips in a row)."""
+    if not math.isfinite(loss):
+        return "diverged"
+    if math.isfinite(grad_norm):
+        return "ok"
+    if fp16 and skipped_in_a_row < max_skips:
+        return "skipped"
+    return "diverged"
+
+
 def step_seed(seed: int, step: int, rank: int) -> int:
     """The torch seed for one step on one process: a resumed run draws the same dropout masks as an uninterrupted
     one without saving any RNG state, on any number of processes."""
@@ -276,6 +309,9 @@ def pretrain(cfg: PretrainConfig) -> dict:
     run.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
     model, optimizer = accelerator.prepare(model, optimizer)
+    for param_state in optimizer.state.values():  # prepare() moved restored state to the device; a scalar `step`
+        if torch.is_tensor(param_state.get("step")):  # there costs a host sync per parameter per step
+            param_state["step"] = param_state["step"].cpu()
     unwrapped = accelerator.unwrap_model(model)
     log_file = run / "log.jsonl"
 
@@ -325,13 +361,16 @@ def pretrain(cfg: PretrainConfig) -> dict:
     window: list[float] = []
     interval_start, interval_tokens = time.time(), 0
     stop_reason, last_saved_step, tok_s = None, start_step if slot is not None else -1, 0.0
+    skipped_in_a_row = 0
     bar = tqdm(total=total_steps, initial=start_step, desc="pretrain", unit="step",
                disable=not (main and cfg.progress) or None)
 
     elapsed_before = state["elapsed_sec"]  # training time of earlier sessions (cumulative across resumes)
 
+    skew = clock_skew(rank)
+
     def elapsed() -> float:
-        return elapsed_before + time.time() - session_start
+        return elapsed_before + time.time() - session_start + skew
 
     def heartbeat(finished: bool = False) -> None:
         if not main:
@@ -373,7 +412,11 @@ def pretrain(cfg: PretrainConfig) -> dict:
             loss_sum += loss.detach()
         grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
         loss_value = accelerator.reduce(loss_sum, "mean").item()
-        if not (math.isfinite(loss_value) and math.isfinite(float(grad_norm))):
+        outcome = step_outcome(loss_value, float(grad_norm), precision == "fp16", skipped_in_a_row)
+        skipped_in_a_row = skipped_in_a_row + 1 if outcome == "skipped" else 0
+        if outcome == "skipped":
+            log({"type": "skip", "step": step + 1, "reason": "fp16 gradient overflow (the scaler lowers its scale)"})
+        if outcome == "diverged":
             stop_reason = "nan"
             heartbeat(finished=True)
             kept = (f"the last good checkpoint (step {last_saved_step}) is untouched" if last_saved_step >= 0
@@ -398,18 +441,22 @@ def pretrain(cfg: PretrainConfig) -> dict:
         if done % cfg.eval_every == 0 or done == total_steps:
             result = evaluate(unwrapped, val, val_domains, cfg.eval_batches, eval_batch, context, accelerator.autocast)
             if result:
+                # every rank must take the same best-val decision (it saves, a collective): compare one shared value
+                result["val_loss"] = accelerator.reduce(torch.tensor(result["val_loss"], device=device), "mean").item()
                 log({"type": "eval", "step": done, **result})
                 if state["best_val"] is None or result["val_loss"] < state["best_val"]:
                     state["best_val"] = result["val_loss"]
                     slot_path = save()
                     if main:
                         export(slot_path, round(result["val_loss"], 4))
-        if cfg.max_hours and elapsed() > cfg.max_hours * 3600:
+        over_time = bool(cfg.max_hours) and elapsed() > cfg.max_hours * 3600
+        over_time, signalled, save_time = shared_any(accelerator, over_time, stop.reason is not None,
+                                                     time.time() - last_save > cfg.save_every_min * 60)
+        if over_time:
             stop_reason = "max_hours"
-        if stop.reason:
-            stop_reason = stop.reason
-        due = (cfg.save_every_steps and done % cfg.save_every_steps == 0) or (
-            time.time() - last_save > cfg.save_every_min * 60)
+        if signalled:
+            stop_reason = stop.reason or "signal (another process)"
+        due = (cfg.save_every_steps and done % cfg.save_every_steps == 0) or save_time
         if (due or stop_reason or done == total_steps) and last_saved_step != done:
             save()
         if main and time.time() - last_heartbeat > 30:

@@ -175,11 +175,13 @@ def finetune(base: str | Path, data: list[str | Path], out: str | Path, *, lr: f
                "steps": trainer.state.global_step, "lr": lr, "epochs": epochs, "resumed": bool(checkpoints),
                "filters": chat_filter.report(), "read": read_info, "seconds": round(time.time() - started, 1)}
     data_files = [{"name": Path(path).name, "sha256": sha256_file(path)} for path in data]
-    lineage = write_lineage(out, stage, base, conversations=len(kept), best_val_loss=best["eval_loss"],
-                            best_step=best["step"], data=data_files)
-    summary.update({"kind": f"{stage}-summary", "weights_sha256": lineage["weights_sha256"],
-                    "base_weights_sha256": lineage["base"]["weights_sha256"], "data": data_files})
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False), encoding="utf-8")
+    summary.update({"kind": f"{stage}-summary", "data": data_files})
+    if trainer.is_world_process_zero():  # under DDP every process gets here; one writes
+        lineage = write_lineage(out, stage, base, conversations=len(kept), best_val_loss=best["eval_loss"],
+                                best_step=best["step"], data=data_files)
+        summary.update({"weights_sha256": lineage["weights_sha256"],
+                        "base_weights_sha256": lineage["base"]["weights_sha256"]})
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False), encoding="utf-8")
     log(f"{stage}: best val loss {best['eval_loss']:.4f} at step {best['step']} "
         f"({summary['counted_ratio']:.1%} of tokens counted) -> {out}")
     return summary
