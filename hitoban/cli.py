@@ -233,7 +233,7 @@ def _training_options(p) -> None:
     p.add_argument("--dropout", type=float, default=0.0, help="residual and embedding dropout")
     p.add_argument("--seed", type=int, default=1234, help="initialisation and batches: (seed, step) -> batch")
     p.add_argument("--precision", choices=["auto", "no", "bf16", "fp16"], default="auto",
-                   help="auto: bf16 on CUDA, fp32 elsewhere")
+                   help="auto: bf16 on CUDA and on CPUs with native bf16 (AMX, AVX512-BF16), fp32 elsewhere")
     p.add_argument("--cpu", action="store_true", help="train on the CPU even when a GPU/MPS is present")
     p.add_argument("--memory-cap-gb", type=float, help="cap GPU/MPS memory for this process")
     p.add_argument("--skip-memory-check", action="store_true",

@@ -249,8 +249,10 @@ def _launch(args: list[str], processes: int, tmp_path, timeout: int = 600, **ext
 
 @pytest.mark.slow
 def test_two_process_ddp_matches_one_process_and_resumes_in_one(tiny_shards, tmp_path):
+    # fp32: the comparison is of DDP's arithmetic (2 x 4 rows vs 8 rows); bf16 autocast alone moves that by ~6e-4
     common = ["pretrain", "--data", str(tiny_shards), "--preset", "tiny", "--context", "64", "--steps", "12",
-              "--batch-size", "8", "--log-every", "4", "--eval-every", "100", "--no-progress", "--cpu"]
+              "--batch-size", "8", "--log-every", "4", "--eval-every", "100", "--no-progress", "--cpu",
+              "--precision", "no"]
     two = _launch(common + ["--out", str(tmp_path / "ddp")], 2, tmp_path)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "2 process(es)" in two.stdout + two.stderr
@@ -345,3 +347,14 @@ def test_an_fp16_overflow_is_a_skipped_step_not_divergence():
     assert step_outcome(2.5, float("inf"), fp16=True, skipped_in_a_row=20) == "diverged"  # it never recovers
     assert step_outcome(2.5, float("inf"), fp16=False, skipped_in_a_row=0) == "diverged"
     assert step_outcome(float("nan"), 1.0, fp16=True, skipped_in_a_row=0) == "diverged"
+
+
+def test_native_bf16_is_detected_from_the_cpu_flags():
+    from hitoban.training.hardware import cpu_has_native_bf16
+
+    zen4 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n"
+    sapphire = "flags\t\t: fpu avx2 avx512f amx_bf16 amx_tile amx_int8\n"
+    epyc_avx2 = "flags\t\t: fpu sse2 avx2 fma\nmodel name\t: AMD EPYC avx512_bf16-free\n"  # flags line decides
+    graviton3 = "Features\t: fp asimd sve bf16 i8mm\n"
+    assert cpu_has_native_bf16(zen4) and cpu_has_native_bf16(sapphire) and cpu_has_native_bf16(graviton3)
+    assert not cpu_has_native_bf16(epyc_avx2) and not cpu_has_native_bf16("")

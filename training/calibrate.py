@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
+from hitoban.training.hardware import default_precision
 from hitoban.training.optim import AdamW
 
 DEFAULT_CANDIDATES = ["tiny:8", "small:16", "3lm:24", "3lm:32", "3lm:48", "zxell-s:16"]
@@ -117,7 +118,7 @@ def calibrate(candidates: list[str], hours: float = 8.0, data_dir: str | None = 
 
     device = device_for(cpu)
     if precision == "auto":
-        precision = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "no"
+        precision = default_precision(device.type)
     data = ShardReader(data_dir) if data_dir else None
     if data is not None:
         vocab_size = data.vocab_size

@@ -41,6 +41,7 @@ from hitoban.training.checkpoint import (
     save_checkpoint,
 )
 from hitoban.training.data import ShardReader
+from hitoban.training.hardware import default_precision
 from hitoban.training.optim import AdamW, lr_at
 from hitoban.training.shards import load_index, sha256_file
 
@@ -245,8 +246,9 @@ def pretrain(cfg: PretrainConfig) -> dict:
     run, data = Path(cfg.out), Path(cfg.data)
     index = load_index(data)
     precision = cfg.precision
-    if precision == "auto":
-        precision = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() and not cfg.cpu else "no"
+    if precision == "auto":  # bf16 where the hardware multiplies it natively (CUDA, AMX / AVX512-BF16 CPUs)
+        on_gpu = not cfg.cpu and (torch.cuda.is_available() or torch.backends.mps.is_available())
+        precision = default_precision(("cuda" if torch.cuda.is_available() else "mps") if on_gpu else "cpu")
     accelerator = Accelerator(cpu=cfg.cpu, mixed_precision=precision)
     main = accelerator.is_main_process
     rank, world = accelerator.process_index, accelerator.num_processes
