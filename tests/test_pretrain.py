@@ -237,13 +237,22 @@ def test_restore_check_compares_memory_with_a_fresh_reload_and_can_fail(tiny_sha
 
 # ------------------------------------------------------------------------------------------------ distributed
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:  # a fixed port collides with a run still closing (or another test run)
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _launch(args: list[str], processes: int, tmp_path, timeout: int = 600, **extra_env) -> subprocess.CompletedProcess:
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "MASTER_PORT": "29517", **extra_env}
+    port = str(_free_port())
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "MASTER_PORT": port, **extra_env}
     if processes == 1:
         command = [sys.executable, "-m", "hitoban.cli", *args]
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
-                   "--master_port", "29517", "-m", "hitoban.cli", *args]
+                   "--master_port", port, "-m", "hitoban.cli", *args]
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=timeout)
 
 
