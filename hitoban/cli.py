@@ -296,7 +296,13 @@ def _pretrain(args) -> int:
         max_hours=args.max_hours, precision=args.precision, cpu=args.cpu, memory_cap_gb=args.memory_cap_gb,
         skip_memory_check=args.skip_memory_check, progress=not args.no_progress,
         allow_change=args.allow_change)
-    pretrain(cfg)
+    try:
+        pretrain(cfg)
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():  # tear gloo/NCCL down before exit (else: abort at exit)
+            dist.destroy_process_group()
     return 0
 
 

@@ -473,6 +473,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
     if main and val is not None and not (run / "final").exists():
         export(current_slot(run), state["best_val"])
     heartbeat(finished=True)
+    accelerator.wait_for_everyone()  # no rank leaves while another is still in a collective
     summary = {"steps": state["step"], "total_steps": total_steps, "tokens_seen": state["tokens_seen"],
                "best_val": state["best_val"], "resumes": state["resumes"], "stop_reason": stop_reason,
                "elapsed_hours": round(elapsed() / 3600, 4), "session_seconds": round(time.time() - started, 1)}
