@@ -230,6 +230,12 @@ def _training_options(p) -> None:
     p.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient norm (0: off)")
     p.add_argument("--no-adam-bias-correction", action="store_true",
                    help="3LM/MLX AdamW semantics: no bias correction (smaller first updates)")
+    p.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw",
+                   help="muon: torch's Muon on the hidden matrices (update scaled to AdamW's RMS, same --lr), AdamW "
+                        "on embeddings and norms")
+    p.add_argument("--schedule", choices=["cosine", "wsd"], default="cosine",
+                   help="cosine to --min-lr-ratio (3LM), or warmup-stable-decay with a linear warmdown")
+    p.add_argument("--decay-frac", type=float, default=0.2, help="wsd: the warmdown's share of the steps")
     p.add_argument("--dropout", type=float, default=0.0, help="residual and embedding dropout")
     p.add_argument("--seed", type=int, default=1234, help="initialisation and batches: (seed, step) -> batch")
     p.add_argument("--precision", choices=["auto", "no", "bf16", "fp16"], default="auto",
@@ -247,7 +253,8 @@ def training_argv(args) -> list[str]:
     """The training options of parsed `args` as command-line arguments again (for the kill test's runs)."""
     argv = []
     for flag in ("--preset", "--batch-size", "--context", "--grad-accum", "--lr", "--min-lr-ratio", "--warmup-frac",
-                 "--weight-decay", "--grad-clip", "--dropout", "--seed", "--precision", "--memory-cap-gb"):
+                 "--weight-decay", "--grad-clip", "--optimizer", "--schedule", "--decay-frac", "--dropout", "--seed",
+                 "--precision", "--memory-cap-gb"):
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None:
             argv += [flag, str(value)]
@@ -290,7 +297,8 @@ def _pretrain(args) -> int:
         data=args.data, out=args.out, preset=args.preset, tokens=int(args.tokens) if args.tokens else None,
         steps=args.steps, batch_size=args.batch_size, context=args.context, grad_accum=args.grad_accum, lr=args.lr,
         min_lr_ratio=args.min_lr_ratio, warmup_frac=args.warmup_frac, weight_decay=args.weight_decay,
-        grad_clip=args.grad_clip, adam_bias_correction=not args.no_adam_bias_correction, dropout=args.dropout,
+        grad_clip=args.grad_clip, adam_bias_correction=not args.no_adam_bias_correction, optimizer=args.optimizer,
+        schedule=args.schedule, decay_frac=args.decay_frac, dropout=args.dropout,
         seed=args.seed, resume=args.resume, save_every_steps=args.save_every_steps, save_every_min=args.save_every_min,
         eval_every=args.eval_every, eval_batches=args.eval_batches, log_every=args.log_every,
         max_hours=args.max_hours, precision=args.precision, cpu=args.cpu, memory_cap_gb=args.memory_cap_gb,

@@ -367,3 +367,40 @@ def test_native_bf16_is_detected_from_the_cpu_flags():
     graviton3 = "Features\t: fp asimd sve bf16 i8mm\n"
     assert cpu_has_native_bf16(zen4) and cpu_has_native_bf16(sapphire) and cpu_has_native_bf16(graviton3)
     assert not cpu_has_native_bf16(epyc_avx2) and not cpu_has_native_bf16("")
+
+
+def test_wsd_schedule_by_hand():
+    """1,000 steps, peak 1e-3, warmup max(100, 2%) = 100, warmdown the last 20% = steps 800..1000, floor 1e-4."""
+    assert lr_at(0, 1000, 1e-3, schedule="wsd") == pytest.approx(2e-5)  # warmup starts at 2% of the peak
+    assert lr_at(100, 1000, 1e-3, schedule="wsd") == 1e-3
+    assert lr_at(799, 1000, 1e-3, schedule="wsd") == 1e-3  # stable
+    assert lr_at(900, 1000, 1e-3, schedule="wsd") == pytest.approx(5.5e-4)  # halfway down: (1e-3 + 1e-4) / 2
+    assert lr_at(1000, 1000, 1e-3, schedule="wsd") == pytest.approx(1e-4)
+    # extending a night: before the old warmdown the new schedule is the same curve
+    assert [lr_at(s, 1000, 1e-3, schedule="wsd") for s in range(0, 800)] == \
+        [lr_at(s, 2000, 1e-3, schedule="wsd") for s in range(0, 800)]
+    assert lr_at(500, 1000, 1e-3) < 1e-3  # cosine, by contrast, is already decaying
+
+
+def test_muon_resume_is_bit_identical(tiny_shards, tmp_path):
+    options = dict(steps=8, eval_every=100, optimizer="muon", schedule="wsd")
+    pretrain(config(tiny_shards, tmp_path / "whole", **options))
+    cut = config(tiny_shards, tmp_path / "cut", **options)
+    pretrain(PretrainConfig(**{**cut.__dict__, "max_hours": 1e-9}))
+    saved = load_file(str(current_slot(tmp_path / "cut") / "optimizer.safetensors"))
+    assert any(k.endswith(".momentum") for k in saved) and any(k.endswith(".m") for k in saved)
+    pretrain(cut)
+    a, b = _weights(tmp_path / "whole"), _weights(tmp_path / "cut")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    adamw = config(tiny_shards, tmp_path / "adamw", steps=8, eval_every=100, schedule="wsd")
+    pretrain(adamw)  # control: the optimizer really changes the trajectory
+    c = _weights(tmp_path / "adamw")
+    assert any(not torch.equal(a[k], c[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_killtest_with_muon_and_wsd(tiny_shards, tmp_path):
+    options = KILLTEST_OPTIONS + ["--optimizer", "muon", "--schedule", "wsd"]
+    result = run_killtest(tiny_shards, tmp_path / "kt", options, steps=30, log=lambda *_: None)
+    assert result["passed"], result["checks"]
+    assert result["killed_bit_identical"] and result["fingerprint"]["optimizer"] == "muon"

@@ -65,8 +65,12 @@ def current_slot(run: Path) -> Path | None:
     return None
 
 
+STATE_NAMES = {"exp_avg": "m", "exp_avg_sq": "v", "momentum_buffer": "momentum"}  # AdamW's m, v; Muon's momentum
+
+
 def optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    """Flatten optimizer state into `<param name>.m` / `.v` plus `step` and `lr` (3LM's optimizer.safetensors)."""
+    """Flatten optimizer state into `<param name>.m` / `.v` (AdamW) or `.momentum` (Muon) plus `step` and `lr`
+    (3LM's optimizer.safetensors, extended)."""
     names = {id(p): n for n, p in model.named_parameters()}
     tensors: dict[str, torch.Tensor] = {}
     step = 0
@@ -76,21 +80,27 @@ def optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) 
             state = optimizer.state.get(p)
             if not state:
                 continue
-            tensors[f"{names[id(p)]}.m"] = state["exp_avg"].detach().contiguous()
-            tensors[f"{names[id(p)]}.v"] = state["exp_avg_sq"].detach().contiguous()
-            step = int(state["step"])
+            for key, short in STATE_NAMES.items():
+                if key in state:
+                    tensors[f"{names[id(p)]}.{short}"] = state[key].detach().contiguous()
+            if "step" in state:
+                step = int(state["step"])
     tensors["step"] = torch.tensor(step, dtype=torch.int64)
     return tensors
 
 
 def load_optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tensors: dict) -> int:
-    """Restore m, v and step bit for bit; returns the step. Missing entries are an error, not a silent reset."""
+    """Restore every moment and the step bit for bit; returns the step. Missing entries are an error, not a silent
+    reset."""
     step = int(tensors["step"])
     for name, p in model.named_parameters():
-        if f"{name}.m" not in tensors:
+        saved = {key: tensors[f"{name}.{short}"] for key, short in STATE_NAMES.items() if f"{name}.{short}" in tensors}
+        if not saved:
             raise CheckpointError(f"optimizer state has no moments for {name}")
-        optimizer.state[p] = {"step": torch.tensor(float(step)), "exp_avg": tensors[f"{name}.m"].clone(),
-                              "exp_avg_sq": tensors[f"{name}.v"].clone()}
+        state = {key: value.clone() for key, value in saved.items()}
+        if "exp_avg" in state:
+            state["step"] = torch.tensor(float(step))
+        optimizer.state[p] = state
     for group in optimizer.param_groups:
         group["lr"] = float(tensors["lr"])
     return step

@@ -16,13 +16,28 @@ import math
 
 import torch
 
+SCHEDULES = ("cosine", "wsd")
 
-def lr_at(step: int, total_steps: int, peak: float, warmup_frac: float = 0.02, min_ratio: float = 0.1) -> float:
-    """LR for the update made after `step` updates (3LM: update k uses lr_at(k - 1))."""
+
+def lr_at(step: int, total_steps: int, peak: float, warmup_frac: float = 0.02, min_ratio: float = 0.1,
+          schedule: str = "cosine", decay_frac: float = 0.2) -> float:
+    """LR for the update made after `step` updates (3LM: update k uses lr_at(k - 1)).
+
+    cosine: warmup, then cosine to `min_ratio` of the peak at the last step (3LM).
+    wsd (warmup-stable-decay): warmup, the peak held, then a linear warmdown to `min_ratio` over the last
+    `decay_frac` of the steps. Everything before the warmdown is independent of the budget, so a night can be
+    extended (`--allow-change total_steps`) from a checkpoint taken before its warmdown without changing the past.
+    """
     warmup = min(max(100, int(total_steps * warmup_frac)), max(1, total_steps - 1))
     floor = peak * min_ratio
     if step < warmup:
         return peak * 0.02 + (peak - peak * 0.02) * step / warmup
+    if schedule == "wsd":
+        decay = max(1, round(total_steps * decay_frac))
+        start = max(warmup, total_steps - decay)
+        if step < start:
+            return peak
+        return peak + (floor - peak) * min(step - start, total_steps - start) / max(1, total_steps - start)
     span = max(1, total_steps - warmup)
     progress = min(step - warmup, span) / span
     return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * progress))
@@ -58,3 +73,100 @@ class AdamW(torch.optim.AdamW):
                 state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
                 p.addcdiv_(state["exp_avg"], state["exp_avg_sq"].sqrt().add_(group["eps"]), value=-group["lr"])
         return None
+
+
+def is_hidden_matrix(name: str, param: torch.Tensor) -> bool:
+    """Muon's parameters: the 2-D weights inside the decoder layers. Embeddings (and the tied output) and norms
+    stay with AdamW, as in modded-nanogpt and nanochat."""
+    return param.ndim == 2 and ".layers." in f".{name}"
+
+
+class _RoutedState(dict):
+    """`optimizer.state` of a Hybrid: reads see every optimizer's state; a write goes to the parameter's owner."""
+
+    def __init__(self, hybrid: Hybrid):
+        super().__init__()
+        self.hybrid = hybrid
+
+    def _owner(self, param):
+        return next(o for o in self.hybrid.optimizers if any(param is p for g in o.param_groups for p in g["params"]))
+
+    def __getitem__(self, param):
+        return self._owner(param).state[param]
+
+    def __setitem__(self, param, value):
+        self._owner(param).state[param] = value
+
+    def get(self, param, default=None):
+        owner = self._owner(param)
+        return owner.state[param] if param in owner.state else default
+
+    def __contains__(self, param):
+        return any(param in o.state for o in self.hybrid.optimizers)
+
+    def values(self):
+        return [v for o in self.hybrid.optimizers for v in o.state.values()]
+
+    def items(self):
+        return [kv for o in self.hybrid.optimizers for kv in o.state.items()]
+
+    def keys(self):
+        return [k for o in self.hybrid.optimizers for k in o.state.keys()]
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def __len__(self):
+        return sum(len(o.state) for o in self.hybrid.optimizers)
+
+
+class Hybrid(torch.optim.Optimizer):
+    """Several optimizers stepped as one (Muon for hidden matrices, AdamW for the rest): one object for the
+    training loop, Accelerate and the checkpoint, with every parameter's state where its own optimizer keeps it."""
+
+    def __init__(self, optimizers: list[torch.optim.Optimizer]):
+        self.optimizers = optimizers
+        self.defaults = {}
+        self._state = _RoutedState(self)
+        self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}
+        self._optimizer_state_dict_pre_hooks, self._optimizer_state_dict_post_hooks = {}, {}
+        self._optimizer_load_state_dict_pre_hooks, self._optimizer_load_state_dict_post_hooks = {}, {}
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [group for optimizer in self.optimizers for group in optimizer.param_groups]
+
+    @property
+    def state(self):
+        return self._state
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for optimizer in self.optimizers:
+            optimizer.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"optimizers": [optimizer.state_dict() for optimizer in self.optimizers]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        for optimizer, sd in zip(self.optimizers, state_dict["optimizers"]):
+            optimizer.load_state_dict(sd)
+
+
+OPTIMIZERS = ("adamw", "muon")
+
+
+def build_optimizer(model: torch.nn.Module, name: str = "adamw", lr: float = 6e-4, weight_decay: float = 0.1,
+                    bias_correction: bool = True) -> torch.optim.Optimizer:
+    """AdamW on everything, or torch's Muon on the hidden matrices (its update scaled to AdamW's RMS, so one
+    learning rate and schedule serve both) with AdamW on embeddings and norms."""
+    if name == "adamw":
+        return AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, bias_correction=bias_correction)
+    hidden = [p for n, p in model.named_parameters() if is_hidden_matrix(n, p)]
+    rest = [p for n, p in model.named_parameters() if not is_hidden_matrix(n, p)]
+    muon = torch.optim.Muon(hidden, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw")
+    return Hybrid([muon, AdamW(rest, lr=lr, weight_decay=weight_decay, bias_correction=bias_correction)])

@@ -42,7 +42,7 @@ from hitoban.training.checkpoint import (
 )
 from hitoban.training.data import ShardReader
 from hitoban.training.hardware import default_precision
-from hitoban.training.optim import AdamW, lr_at
+from hitoban.training.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_at
 from hitoban.training.shards import load_index, sha256_file
 
 
@@ -68,6 +68,9 @@ class PretrainConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     adam_bias_correction: bool = True
+    optimizer: str = "adamw"  # adamw | muon (Muon on hidden matrices, AdamW on the rest)
+    schedule: str = "cosine"  # cosine | wsd
+    decay_frac: float = 0.2  # wsd: the final warmdown's share of the steps
     dropout: float = 0.0
     seed: int = 1234
     resume: str = "auto"
@@ -87,7 +90,8 @@ class PretrainConfig:
 
 # Options that change the training trajectory: a resume with any of them changed is refused unless allowed.
 TRAJECTORY_OPTIONS = ("seed", "batch_size", "context", "grad_accum", "lr", "min_lr_ratio", "warmup_frac",
-                      "weight_decay", "grad_clip", "adam_bias_correction", "dropout", "precision", "total_steps")
+                      "weight_decay", "grad_clip", "adam_bias_correction", "optimizer", "schedule", "decay_frac",
+                      "dropout", "precision", "total_steps")
 
 
 def trajectory_fingerprint(cfg: PretrainConfig, config: HitobanConfig, index: dict, data_index_sha256: str,
@@ -256,6 +260,8 @@ def pretrain(cfg: PretrainConfig) -> dict:
 
     train = ShardReader(data, "train")
     val = ShardReader(data, "val", verify=False) if index["splits"]["val"]["tokens"] else None
+    if cfg.optimizer not in OPTIMIZERS or cfg.schedule not in SCHEDULES:
+        raise UsageError(f"--optimizer must be one of {OPTIMIZERS} and --schedule one of {SCHEDULES}")
     if cfg.preset not in PRESETS:
         raise UsageError(f"unknown --preset {cfg.preset!r}; choose one of {', '.join(PRESETS)}")
     config = HitobanConfig.from_preset(cfg.preset, vocab_size=index["tokenizer"]["vocab_size"], dropout=cfg.dropout)
@@ -285,8 +291,7 @@ def pretrain(cfg: PretrainConfig) -> dict:
                                          total_steps, precision)
     torch.manual_seed(cfg.seed)
     model = HitobanForCausalLM(config)
-    optimizer = AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                      bias_correction=cfg.adam_bias_correction)
+    optimizer = build_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.adam_bias_correction)
 
     state = {"step": 0, "tokens_seen": 0, "best_val": None, "seed": cfg.seed, "elapsed_sec": 0.0, "resumes": 0,
              "run_id": uuid.uuid4().hex,  # names this run in every model it exports (lineage.json) and in the card
@@ -400,7 +405,8 @@ def pretrain(cfg: PretrainConfig) -> dict:
 
     for step in range(start_step, total_steps):
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, total_steps, cfg.lr, cfg.warmup_frac, cfg.min_lr_ratio)
+            group["lr"] = lr_at(step, total_steps, cfg.lr, cfg.warmup_frac, cfg.min_lr_ratio, cfg.schedule,
+                                cfg.decay_frac)
         model.train()
         torch.manual_seed(step_seed(cfg.seed, step, rank))  # dropout noise: a pure function of (seed, step, rank)
         loss_sum = torch.zeros((), device=device)
@@ -436,7 +442,8 @@ def pretrain(cfg: PretrainConfig) -> dict:
         if done % cfg.log_every == 0 or done == total_steps:
             tok_s = interval_tokens / max(time.time() - interval_start, 1e-9)
             log({"type": "train", "step": done, "loss": float(np.mean(window)), "lr": lr_at(
-                step, total_steps, cfg.lr, cfg.warmup_frac, cfg.min_lr_ratio), "grad_norm": float(grad_norm),
+                step, total_steps, cfg.lr, cfg.warmup_frac, cfg.min_lr_ratio, cfg.schedule, cfg.decay_frac),
+                "grad_norm": float(grad_norm),
                 "tok_per_sec": round(tok_s, 1), "elapsed": round(elapsed(), 2), "window": len(window)})
             bar.set_postfix(loss=f"{np.mean(window):.4f}", tok_s=f"{tok_s:,.0f}")
             window, interval_start, interval_tokens = [], time.time(), 0
