@@ -267,6 +267,9 @@ def _pretrain_args(p):
     budget = p.add_mutually_exclusive_group(required=True)
     budget.add_argument("--tokens", type=float, help="token budget (the LR schedule is built for exactly this)")
     budget.add_argument("--steps", type=int, help="step budget")
+    budget.add_argument("--hours", type=float,
+                        help="size the budget to end in this many hours: tok/s measured on this run's shape and "
+                             "device, then fixed for the run (a resume keeps it)")
     p.add_argument("--resume", choices=["auto", "never"], default="auto",
                    help="auto: continue from the last complete checkpoint; never: start over in --out")
     p.add_argument("--allow-change", metavar="OPTION,...",
@@ -295,7 +298,8 @@ def _pretrain(args) -> int:
         return supervise(argv, Path(args.out), args.max_restarts)
     cfg = PretrainConfig(
         data=args.data, out=args.out, preset=args.preset, tokens=int(args.tokens) if args.tokens else None,
-        steps=args.steps, batch_size=args.batch_size, context=args.context, grad_accum=args.grad_accum, lr=args.lr,
+        steps=args.steps, hours=args.hours, batch_size=args.batch_size, context=args.context,
+        grad_accum=args.grad_accum, lr=args.lr,
         min_lr_ratio=args.min_lr_ratio, warmup_frac=args.warmup_frac, weight_decay=args.weight_decay,
         grad_clip=args.grad_clip, adam_bias_correction=not args.no_adam_bias_correction, optimizer=args.optimizer,
         schedule=args.schedule, decay_frac=args.decay_frac, dropout=args.dropout,

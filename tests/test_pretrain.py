@@ -404,3 +404,18 @@ def test_killtest_with_muon_and_wsd(tiny_shards, tmp_path):
     result = run_killtest(tiny_shards, tmp_path / "kt", options, steps=30, log=lambda *_: None)
     assert result["passed"], result["checks"]
     assert result["killed_bit_identical"] and result["fingerprint"]["optimizer"] == "muon"
+
+
+def test_hours_sizes_the_budget_by_measurement_and_a_resume_keeps_it(tiny_shards, tmp_path, capsys):
+    run = tmp_path / "run"
+    cfg = PretrainConfig(**{**config(tiny_shards, run).__dict__, "steps": None, "hours": 0.0005, "eval_every": 10**6,
+                            "max_hours": 1e-9})  # sized for ~2 s, stopped after one step
+    pretrain(cfg)
+    out = capsys.readouterr().out
+    budget = json.loads((current_slot(run) / "train_state.json").read_text())["fingerprint"]["total_steps"]
+    assert "tok/s measured ->" in out and budget > 1
+    pretrain(PretrainConfig(**{**cfg.__dict__, "hours": 5.0, "max_hours": None}))  # a resume never re-sizes
+    assert f"keeping this run's budget of {budget:,} steps" in capsys.readouterr().out
+    assert json.loads((current_slot(run) / "train_state.json").read_text())["step"] == budget
+    with pytest.raises(ValueError, match="exactly one of --tokens, --steps or --hours"):
+        pretrain(PretrainConfig(**{**cfg.__dict__, "steps": 5}))

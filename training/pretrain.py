@@ -59,6 +59,7 @@ class PretrainConfig:
     preset: str = "3lm"
     tokens: int | None = None
     steps: int | None = None
+    hours: float | None = None  # size the budget to end in this many hours (measured, then fixed for the run)
     batch_size: int = 32
     context: int | None = None  # default: the preset's max_position_embeddings
     grad_accum: int = 1
@@ -133,6 +134,36 @@ def shared_any(accelerator, *flags: bool) -> list[bool]:
     tensor = torch.tensor([float(f) for f in flags], device=accelerator.device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return [bool(v) for v in tensor.tolist()]
+
+
+HOURS_USABLE = 0.9  # of the night: the rest is kept for evaluations, saves and the start
+
+
+def steps_for_hours(cfg: PretrainConfig, run: Path, accelerator, train: ShardReader, context: int,
+                    precision: str) -> int:
+    """--hours: the step budget whose schedule ends in `cfg.hours`, from tok/s measured on this very shape,
+    precision and device (warm steps only, as `hitoban calibrate`). A resumed run keeps the budget it was sized
+    with: the schedule must not change under it."""
+    from hitoban.training.calibrate import measure
+
+    slot = current_slot(run) if cfg.resume == "auto" and run.exists() else None
+    if slot is not None:
+        saved = json.loads((slot / "train_state.json").read_text()).get("fingerprint", {})
+        if "total_steps" in saved:
+            print(f"# --hours: keeping this run's budget of {saved['total_steps']:,} steps", flush=True)
+            return saved["total_steps"]
+    world = accelerator.num_processes
+    row = measure(cfg.preset, cfg.batch_size // world, train.vocab_size, context, steps=10, warmup=3,
+                  device=accelerator.device, data=train, precision=precision, max_seconds=30)
+    steps = torch.tensor(max(1, int(row["tok_per_sec"] * world * cfg.hours * 3600 * HOURS_USABLE)
+                             // (cfg.batch_size * context)), device=accelerator.device)
+    if world > 1:  # one budget for every rank: the slowest measurement decides
+        import torch.distributed as dist
+
+        dist.all_reduce(steps, op=dist.ReduceOp.MIN)
+    print(f"# --hours {cfg.hours:g}: {row['tok_per_sec'] * world:,.0f} tok/s measured -> {int(steps):,} steps "
+          f"({HOURS_USABLE:.0%} of the time trains; the rest is kept for evaluations and saves)", flush=True)
+    return int(steps)
 
 
 def step_outcome(loss: float, grad_norm: float, fp16: bool, skipped_in_a_row: int, max_skips: int = 20) -> str:
@@ -272,9 +303,10 @@ def pretrain(cfg: PretrainConfig) -> dict:
                          f"({world} x {cfg.grad_accum})")
     micro = cfg.batch_size // (world * cfg.grad_accum)
     tokens_per_step = cfg.batch_size * context
-    if (cfg.tokens is None) == (cfg.steps is None):
-        raise UsageError("give exactly one of --tokens or --steps")
-    total_steps = cfg.steps if cfg.steps else max(1, cfg.tokens // tokens_per_step)
+    if sum(x is not None for x in (cfg.tokens, cfg.steps, cfg.hours)) != 1:
+        raise UsageError("give exactly one of --tokens, --steps or --hours")
+    total_steps = (cfg.steps or (max(1, cfg.tokens // tokens_per_step) if cfg.tokens else
+                                 steps_for_hours(cfg, run, accelerator, train, context, precision)))
 
     if device.type in ("cuda", "mps") and cfg.memory_cap_gb:
         total = (torch.cuda.get_device_properties(device).total_memory if device.type == "cuda"

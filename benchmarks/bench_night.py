@@ -1,0 +1,152 @@
+"""Time to the same model: `hitoban pretrain` (its defaults) against the HF Trainer on `LlamaForCausalLM`.
+
+Same shards, same shape (`small`), same token budget. The Trainer run is what a Trainer user on a CPU gets:
+run_clm-style contiguous blocks, fp32, the same lr / warmup / cosine-to-10% / clip / weight decay. Both are timed
+from process start to saved model, and both models are scored with `hitoban eval bpc`'s bits/char on held-out text
+never trained on (literature and web), next to xz -9e and zstd -19 on the same text: a floor any model must beat.
+A second table runs hitoban's optimizers and schedules on the same budget (AdamW/cosine vs Muon/WSD).
+
+    python benchmarks/bench_night.py [--tokens 983040] [--shared ../shared] [--out bench-night]
+
+Runs on CUDA and MPS unchanged (the runs pick the device; the Trainer uses it too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TRAINER_RUN = r'''
+import json, sys, time
+started = float(sys.argv[5])
+import numpy as np, torch
+from datasets import Dataset
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+corpus, tok_dir, out, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+tok = AutoTokenizer.from_pretrained(tok_dir)
+texts = [json.loads(line)["text"] for line in open(corpus, encoding="utf-8")]
+ids = [i for enc in tok(texts, add_special_tokens=False)["input_ids"] for i in enc + [tok.eos_token_id]]
+block = 256  # run_clm's group_texts: contiguous blocks, labels = inputs (the model shifts them)
+blocks = np.array(ids[: len(ids) // block * block]).reshape(-1, block)
+data = Dataset.from_dict({"input_ids": blocks.tolist(), "labels": blocks.tolist()})
+config = LlamaConfig(vocab_size=len(tok), hidden_size=256, intermediate_size=640, num_hidden_layers=4,
+                     num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+                     tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=10000.0,
+                     bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+torch.manual_seed(1234)
+model = LlamaForCausalLM(config)
+args = TrainingArguments(output_dir=out + "/trainer", max_steps=steps, per_device_train_batch_size=16,
+                         learning_rate=6e-4, warmup_steps=max(100, int(steps * 0.02)), weight_decay=0.1,
+                         max_grad_norm=1.0, lr_scheduler_type="cosine_with_min_lr",
+                         lr_scheduler_kwargs={"min_lr_rate": 0.1}, logging_steps=50, save_strategy="no",
+                         report_to="none", seed=1234, disable_tqdm=True)
+Trainer(model=model, args=args, train_dataset=data).train()
+model.save_pretrained(out)
+tok.save_pretrained(out)
+print(json.dumps({"seconds": time.time() - started, "params": sum(p.numel() for p in model.parameters())}))
+'''
+
+
+def run(command: list[str], env: dict | None = None) -> float:
+    started = time.time()
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    if done.returncode:
+        raise SystemExit(f"failed: {' '.join(command[:6])}...\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    return time.time() - started
+
+
+def compressor_bpc(text: str) -> dict:
+    """bits per character of the best general-purpose compressors on the held-out text alone."""
+    data = text.encode("utf-8")
+    rows = {"xz -9e": 8 * len(lzma.compress(data, preset=9 | lzma.PRESET_EXTREME)) / len(text)}
+    if shutil.which("zstd"):
+        packed = subprocess.run(["zstd", "-19", "-c"], input=data, capture_output=True, check=True).stdout
+        rows["zstd -19"] = 8 * len(packed) / len(text)
+    return rows
+
+
+def prepare(shared: Path, out: Path) -> tuple[Path, dict[str, Path]]:
+    """Corpus of 120 Aozora works, tokenizer (vocab 8000), shards; held-out literature and web never trained on."""
+    books = sorted((shared / "corpus" / "literature").glob("*.txt"))
+    train, held = books[:120], books[-3:]
+    (out / "books").mkdir(parents=True, exist_ok=True)
+    for book in train:
+        shutil.copy2(book, out / "books" / book.name)
+    held_dir = out / "heldout"
+    held_dir.mkdir(exist_ok=True)
+    (held_dir / "literature.txt").write_text("".join(b.read_text(encoding="utf-8") for b in held)[:60_000],
+                                             encoding="utf-8")
+    web = sorted((shared / "corpus" / "web-or-wiki").glob("*.txt"))
+    (held_dir / "web.txt").write_text("".join(w.read_text(encoding="utf-8") for w in web)[:60_000], encoding="utf-8")
+    cli = [sys.executable, "-m", "hitoban.cli"]
+    if not (out / "shards").exists():
+        run(cli + ["corpus", "--input", str(out / "books"), "--doc-per-file", "--out", str(out / "corpus"),
+                   "--license", "public domain (Aozora Bunko)"])
+        run(cli + ["tokenizer", "--corpus", str(out / "corpus"), "--out", str(out / "tok"), "--vocab-size", "8000"])
+        run(cli + ["shards", "--corpus", str(out / "corpus"), "--tokenizer", str(out / "tok"), "--out",
+                   str(out / "shards"), "--context", "256"])
+    return out / "shards", {"literature": held_dir / "literature.txt", "web": held_dir / "web.txt"}
+
+
+def bits_per_char(model_dirs: dict[str, Path], domains: dict[str, Path], out: Path) -> dict:
+    from hitoban.evaluation.bpc import cross_domain
+    from hitoban.provenance import weights_sha256
+
+    result = cross_domain(list(model_dirs.values()), domains, max_chars=None, progress=False)
+    names = {weights_sha256(path): label for label, path in model_dirs.items()}  # two runs are both "final"
+    return {(names[r["weights_sha256"]], r["domain"]): r["bits_per_char"] for r in result["records"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=983_040, help="token budget of every run (240 x 16 x 256)")
+    parser.add_argument("--shared", default=os.environ.get("HITOBAN_SHARED", "../shared"))
+    parser.add_argument("--out", default="bench-night")
+    args = parser.parse_args()
+    out = Path(args.out)
+    shards, domains = prepare(Path(args.shared), out)
+    steps = args.tokens // (16 * 256)
+    hitoban = [sys.executable, "-m", "hitoban.cli", "pretrain", "--data", str(shards), "--preset", "small",
+               "--batch-size", "16", "--context", "256", "--tokens", str(args.tokens), "--eval-every", str(steps),
+               "--eval-batches", "4", "--resume", "never", "--no-progress"]
+    runs, seconds = {}, {}
+    for label, extra in (("hitoban (defaults)", []), ("hitoban muon+wsd", ["--optimizer", "muon", "--schedule",
+                                                                           "wsd"])):
+        folder = out / ("runs/" + label.split()[1].strip("()").replace("+", "-"))
+        seconds[label] = run(hitoban + ["--out", str(folder)] + extra)
+        runs[label] = folder / "final"
+    trainer_out = out / "runs" / "trainer-llama"
+    shutil.rmtree(trainer_out, ignore_errors=True)
+    seconds["HF Trainer + Llama (fp32)"] = run([sys.executable, "-c", TRAINER_RUN, str(out / "corpus" /
+                                                                                       "documents.jsonl"),
+                                                 str(out / "tok"), str(trainer_out), str(steps), str(time.time())])
+    runs["HF Trainer + Llama (fp32)"] = trainer_out
+    bpc = bits_per_char(runs, domains, out)
+    floors = {d: compressor_bpc(p.read_text(encoding="utf-8")) for d, p in domains.items()}
+    precision = json.loads((out / "runs" / "defaults" / "config.json").read_text())["fingerprint"]["precision"]
+    reference = seconds["HF Trainer + Llama (fp32)"]
+    rows = [{"run": label, "seconds": round(sec, 1), "tok_per_sec": round(args.tokens / sec),
+             "time_vs_trainer": round(sec / reference, 3),
+             **{f"bpc_{d}": round(bpc[(label, d)], 4) for d in domains}} for label, sec in seconds.items()]
+    lines = [f"tokens per run: {args.tokens:,} ({steps} steps x 16 x 256); hitoban precision (auto): {precision}",
+             "", "| run | wall s (start to saved) | tok/s | time vs Trainer | bits/char literature | bits/char web |",
+             "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['run']} | {r['seconds']} | {r['tok_per_sec']:,} | {r['time_vs_trainer']:.2f}x | "
+              f"{r['bpc_literature']:.3f} | {r['bpc_web']:.3f} |" for r in rows]
+    lines += [f"| {name} (floor) | | | | {floors['literature'][name]:.3f} | {floors['web'][name]:.3f} |"
+              for name in floors["literature"]]
+    report = {"tokens": args.tokens, "steps": steps, "hitoban_precision": precision, "rows": rows, "floors": floors}
+    (out / "bench_night.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
+    (out / "bench_night.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
