@@ -419,3 +419,14 @@ def test_hours_sizes_the_budget_by_measurement_and_a_resume_keeps_it(tiny_shards
     assert json.loads((current_slot(run) / "train_state.json").read_text())["step"] == budget
     with pytest.raises(ValueError, match="exactly one of --tokens, --steps or --hours"):
         pretrain(PretrainConfig(**{**cfg.__dict__, "steps": 5}))
+
+
+def test_runs_of_different_precision_and_a_trainer_share_one_process(tiny_shards, tmp_path):
+    """Accelerate refuses a second Accelerator with another precision in one process; a bf16 run between fp32 work
+    (the Trainer, another run) used to fail with 'AcceleratorState has already been initialized'."""
+    from accelerate import Accelerator
+
+    Accelerator(cpu=True, mixed_precision="no")  # what a Trainer (fp32 on a CPU) leaves behind
+    pretrain(config(tiny_shards, tmp_path / "bf16", steps=2, eval_every=100, precision="bf16"))
+    pretrain(config(tiny_shards, tmp_path / "fp32", steps=2, eval_every=100, precision="no"))
+    assert Accelerator(cpu=True, mixed_precision="no").mixed_precision == "no"  # and it leaves no state behind

@@ -273,8 +273,26 @@ def evaluate(model, val: ShardReader | None, domains: dict[str, np.ndarray], bat
     return {"val_loss": float(np.mean(losses)), "val_domains": per_domain}
 
 
+def _reset_accelerate_state() -> None:
+    """Accelerate keeps one state per process (mixed precision, gradient accumulation) and refuses a second
+    Accelerator with another precision: a run after a Trainer (or a Trainer after a run) in one program would fail.
+    A run owns that state while it trains; the distributed state (the process group) is left alone."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    GradientState._reset_state()
+
+
 def pretrain(cfg: PretrainConfig) -> dict:
     """Run (or resume) pretraining; returns the summary. Raises TrainingDiverged / CheckpointError on failure."""
+    _reset_accelerate_state()
+    try:
+        return _pretrain(cfg)
+    finally:
+        _reset_accelerate_state()  # leave the process as clean as it was found, also after a failure
+
+
+def _pretrain(cfg: PretrainConfig) -> dict:
     from accelerate import Accelerator
 
     started = time.time()
