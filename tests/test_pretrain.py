@@ -430,3 +430,25 @@ def test_runs_of_different_precision_and_a_trainer_share_one_process(tiny_shards
     pretrain(config(tiny_shards, tmp_path / "bf16", steps=2, eval_every=100, precision="bf16"))
     pretrain(config(tiny_shards, tmp_path / "fp32", steps=2, eval_every=100, precision="no"))
     assert Accelerator(cpu=True, mixed_precision="no").mixed_precision == "no"  # and it leaves no state behind
+
+
+def test_mfu_by_hand_and_in_the_logs(tiny_shards, tmp_path, monkeypatch):
+    """tiny (2 layers, width 64, ffn F (the preset's), vocab V) at context 64: params = 64 V + 2 (4 * 64^2 + 3 * 64
+    * F); FLOPs/token = 6 params + 12 * 2 * 64 * 64."""
+    from hitoban.modeling import HitobanConfig
+    from hitoban.training import hardware
+
+    shape = HitobanConfig.from_preset("tiny", vocab_size=1000)
+    expected = 6 * (64 * 1000 + 2 * (4 * 64 * 64 + 3 * 64 * shape.intermediate_size)) + 12 * 2 * 64 * 64
+    assert hardware.flops_per_token(shape, 64) == expected
+    monkeypatch.setattr(hardware, "PEAK_CACHE", tmp_path / "peak.json")
+    peak, source = hardware.matmul_peak(torch.device("cpu"), "no", cache=tmp_path / "peak.json")
+    assert peak > 1e8 and "measured" in source and json.loads((tmp_path / "peak.json").read_text())
+    monkeypatch.setattr(torch, "randn", None)  # a second call reads the cache, never re-measures
+    assert hardware.matmul_peak(torch.device("cpu"), "no", cache=tmp_path / "peak.json")[0] == peak
+    monkeypatch.undo()
+    summary = pretrain(config(tiny_shards, tmp_path / "run", steps=10, log_every=5, eval_every=100))
+    records = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["type"] == "train"]
+    assert train and all(0 < r["mfu"] < 1 for r in train) and 0 < summary["mfu"] < 1
+    assert json.loads((tmp_path / "run" / "heartbeat.json").read_text())["mfu"] > 0

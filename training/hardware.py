@@ -35,3 +35,58 @@ def default_precision(device_type: str) -> str:
     if device_type == "cpu":
         return "bf16" if cpu_has_native_bf16() else "no"
     return "no"
+
+
+# Published dense bf16 tensor-core peaks (FLOP/s) of common GPUs; anything else is measured.
+PUBLISHED_BF16_PEAK = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12,
+                       "RTX 4090": 165e12, "RTX 3090": 71e12, "RTX 3060": 51e12, "A10G": 70e12}
+PEAK_CACHE = Path.home() / ".cache" / "hitoban" / "matmul_peak.json"
+
+
+def flops_per_token(config, context: int) -> float:
+    """Training FLOPs per token: 6 per parameter (forward + backward; the tied embedding counts once, as the output
+    projection) plus attention's 12 x layers x width x context (nanoGPT / PaLM's estimate)."""
+    width, layers = config.hidden_size, config.num_hidden_layers
+    params = config.vocab_size * width + layers * (4 * width**2 + 3 * width * config.intermediate_size)
+    return 6 * params + 12 * layers * width * context
+
+
+def matmul_peak(device: torch.device, precision: str, cache: Path = PEAK_CACHE) -> tuple[float, str]:
+    """(FLOP/s, where the number comes from): a known GPU's published bf16 peak, else the best of a few large
+    matmuls timed once on this machine and cached (same device, dtype and torch)."""
+    import json
+    import platform
+    import time
+
+    dtype = torch.bfloat16 if precision in ("bf16", "fp16") else torch.float32
+    if device.type == "cuda" and dtype != torch.float32:
+        name = torch.cuda.get_device_name(device)
+        for key, peak in PUBLISHED_BF16_PEAK.items():
+            if key in name:
+                return peak, f"published bf16 peak of {name}"
+    machine = (torch.cuda.get_device_name(device) if device.type == "cuda"
+               else platform.processor() or platform.machine())
+    key = f"{device.type}|{machine}|{dtype}|{torch.get_num_threads()} threads|torch {torch.__version__}"
+    cached = json.loads(cache.read_text()) if cache.exists() else {}
+    if key not in cached:
+        size = 2048 if device.type == "cpu" else 8192
+        a = torch.randn(size, size, device=device, dtype=dtype)
+        b = torch.randn(size, size, device=device, dtype=dtype)
+        best = float("inf")
+        for _ in range(4):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            a @ b
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            elif device.type == "mps":
+                torch.mps.synchronize()
+            best = min(best, time.perf_counter() - start)
+        cached[key] = 2 * size**3 / best
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps(cached, indent=2))
+        except OSError:
+            pass  # a read-only home only costs a re-measurement next time
+    return cached[key], f"measured {dtype} matmul peak of this machine"

@@ -41,7 +41,7 @@ from hitoban.training.checkpoint import (
     save_checkpoint,
 )
 from hitoban.training.data import ShardReader
-from hitoban.training.hardware import default_precision
+from hitoban.training.hardware import default_precision, flops_per_token, matmul_peak
 from hitoban.training.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_at
 from hitoban.training.shards import load_index, sha256_file
 
@@ -409,6 +409,15 @@ def _pretrain(cfg: PretrainConfig) -> dict:
               f"{total_steps * tokens_per_step / train.total_tokens:.2f} epochs), {world} process(es) on "
               f"{device.type}, precision {precision}", flush=True)
 
+    peak, peak_source = matmul_peak(device, precision)
+    token_flops = flops_per_token(config, context)
+
+    def mfu(tok_per_sec: float) -> float:
+        """Model FLOPs utilisation: the FLOPs the model needs per second over what the hardware can do."""
+        return tok_per_sec * token_flops / (peak * world)
+
+    if main:
+        print(f"# MFU against {peak / 1e12:.2f} TFLOP/s per process ({peak_source})", flush=True)
     eval_batch = min(cfg.batch_size, 16)
     val_domains = val.domain_streams(cfg.eval_batches * eval_batch * (context + 1)) if val is not None else {}
     stop = _StopFlag()
@@ -419,6 +428,7 @@ def _pretrain(cfg: PretrainConfig) -> dict:
     interval_start, interval_tokens = time.time(), 0
     stop_reason, last_saved_step, tok_s = None, start_step if slot is not None else -1, 0.0
     skipped_in_a_row = 0
+    mfus: list[float] = []  # per log window, for the summary
     bar = tqdm(total=total_steps, initial=start_step, desc="pretrain", unit="step",
                disable=not (main and cfg.progress) or None)
 
@@ -438,7 +448,8 @@ def _pretrain(cfg: PretrainConfig) -> dict:
             "updated_at": time.time(), "step": state["step"], "total_steps": total_steps,
             "tokens_seen": state["tokens_seen"], "token_budget": total_steps * tokens_per_step,
             "train_loss": window[-1] if window else None, "best_val": state["best_val"],
-            "lr": optimizer.param_groups[0]["lr"], "tok_per_sec": tok_s, "elapsed_hours": round(elapsed() / 3600, 3),
+            "lr": optimizer.param_groups[0]["lr"], "tok_per_sec": tok_s, "mfu": round(mfu(tok_s), 4),
+            "elapsed_hours": round(elapsed() / 3600, 3),
             "eta_hours": round(remaining / tok_s / 3600, 2) if tok_s else None, "peak_gb": peak,
             "resumes": state["resumes"], "finished": finished, "stop_reason": stop_reason})
 
@@ -494,8 +505,10 @@ def _pretrain(cfg: PretrainConfig) -> dict:
             log({"type": "train", "step": done, "loss": float(np.mean(window)), "lr": lr_at(
                 step, total_steps, cfg.lr, cfg.warmup_frac, cfg.min_lr_ratio, cfg.schedule, cfg.decay_frac),
                 "grad_norm": float(grad_norm),
-                "tok_per_sec": round(tok_s, 1), "elapsed": round(elapsed(), 2), "window": len(window)})
-            bar.set_postfix(loss=f"{np.mean(window):.4f}", tok_s=f"{tok_s:,.0f}")
+                "tok_per_sec": round(tok_s, 1), "mfu": round(mfu(tok_s), 4), "elapsed": round(elapsed(), 2),
+                "window": len(window)})
+            bar.set_postfix(loss=f"{np.mean(window):.4f}", tok_s=f"{tok_s:,.0f}", mfu=f"{mfu(tok_s):.0%}")
+            mfus.append(mfu(tok_s))
             window, interval_start, interval_tokens = [], time.time(), 0
         if done % cfg.eval_every == 0 or done == total_steps:
             result = evaluate(unwrapped, val, val_domains, cfg.eval_batches, eval_batch, context, accelerator.autocast)
@@ -533,7 +546,8 @@ def _pretrain(cfg: PretrainConfig) -> dict:
     accelerator.wait_for_everyone()  # no rank leaves while another is still in a collective
     summary = {"steps": state["step"], "total_steps": total_steps, "tokens_seen": state["tokens_seen"],
                "best_val": state["best_val"], "resumes": state["resumes"], "stop_reason": stop_reason,
-               "elapsed_hours": round(elapsed() / 3600, 4), "session_seconds": round(time.time() - started, 1)}
+               "elapsed_hours": round(elapsed() / 3600, 4), "session_seconds": round(time.time() - started, 1),
+               "mfu": round(float(np.median(mfus)), 4) if mfus else None, "mfu_peak": peak_source}
     if main:
         final_lineage = read_lineage(run / "final") if (run / "final").exists() else None
         _write_json_atomic(run / "summary.json", {"kind": "pretrain-summary", "run_id": state["run_id"], **summary,

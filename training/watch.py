@@ -28,7 +28,8 @@ def render(run: str | Path, now: float | None = None) -> str:
         f"[{bar}] {done:6.1%}  step {hb['step']:,}/{hb['total_steps']:,}",
         f"tokens {hb['tokens_seen']:,} / {hb['token_budget']:,}",
         f"train loss {loss}   best val {best}   lr {hb['lr']:.3e}",
-        f"{hb['tok_per_sec'] / 1000:.1f}k tok/s   elapsed {hb['elapsed_hours']:.2f} h   resumes {hb['resumes']}",
+        f"{hb['tok_per_sec'] / 1000:.1f}k tok/s" + (f" (MFU {hb['mfu']:.0%})" if hb.get("mfu") else "")
+        + f"   elapsed {hb['elapsed_hours']:.2f} h   resumes {hb['resumes']}",
     ]
     if hb.get("eta_hours") is not None and not hb.get("finished"):
         finish = datetime.fromtimestamp(now + hb["eta_hours"] * 3600).strftime("%H:%M")
