@@ -116,3 +116,14 @@ def test_the_console_script_help_loads_neither_torch_nor_transformers():
             "print('heavy:', sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "verbs, in the order a night goes" in done.stdout and "heavy: []" in done.stdout, done.stderr[-2000:]
+
+
+def test_the_console_script_runs_a_verb_that_loads_a_model(tiny_model_dir):
+    """As the console script the package imports the model lazily; a verb that loads a saved folder through the
+    Auto classes must still find them registered."""
+    code = ("import sys; sys.argv = ['hitoban', 'check-kvcache', '--model', sys.argv[1]]\n"
+            "from hitoban.cli import main\n"
+            "raise SystemExit(main())")
+    done = subprocess.run([sys.executable, "-c", code, str(tiny_model_dir)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "kv-cache check PASS" in done.stdout, done.stderr[-2000:]
