@@ -110,28 +110,20 @@ def bits_per_char(model, tokenizer, text: str, name: str = "text", max_chars: in
     return _record(name, nats, marker_tokens, chars, window)
 
 
-def best_device() -> torch.device:
-    """CUDA, else Apple's MPS, else the CPU: evaluation runs where the machine is fastest."""
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
-
-
 def load_model_and_tokenizer(path: str | Path, device: str | torch.device | None = None):
     """A `from_pretrained` folder with its tokenizer, on `device` (default: the best one); a folder without a
     tokenizer is a clear error."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import hitoban.modeling  # noqa: F401  (registers the Auto classes)
+    from hitoban.training.hardware import device_for
 
     path = Path(path)
     if not (path / "config.json").exists():
         raise BpcError(f"{path}: not a model folder (no config.json)")
     if not (path / "tokenizer.json").exists():
         raise BpcError(f"{path}: no tokenizer.json; bits/char needs the model's own tokenizer next to the weights")
-    model = AutoModelForCausalLM.from_pretrained(path).to(device or best_device()).eval()
+    model = AutoModelForCausalLM.from_pretrained(path).to(device or device_for()).eval()
     return model, AutoTokenizer.from_pretrained(path)
 
 

@@ -107,11 +107,13 @@ class ProbePlan:
     chains: list[tuple[int, list[int], list[int]]] = field(default_factory=list)  # item, whole ids, max gap before
     singles: dict[int, list[int]] = field(default_factory=dict)  # whole id -> items it proves on its own
     coverage: dict = field(default_factory=dict)
+    _ids: dict[str, int] = field(default_factory=dict)
 
     def whole_id(self, text: str) -> int:
-        if text not in self.whole:
+        if text not in self._ids:
+            self._ids[text] = len(self.whole)
             self.whole.append(text)
-        return self.whole.index(text)
+        return self._ids[text]
 
 
 def plan_probes(items: list[list[str]], length: int = 48, per_line: int = 3, min_bytes: int = 96) -> ProbePlan:

@@ -200,8 +200,8 @@ def pretrain_with_kill(shards: Path, out: Path, settings: DemoSettings, cpu: boo
     for name in ("base1", "base2", "noopt"):  # only the reports are kept; the run itself is out/run
         shutil.rmtree(out / "killtest" / name, ignore_errors=True)
     losses, _ = train_losses(out / "run")
-    evals = [json.loads(line) for line in (out / "run" / "log.jsonl").read_text().splitlines()
-             if json.loads(line).get("type") == "eval"]
+    records = [json.loads(line) for line in (out / "run" / "log.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r.get("type") == "eval"]
     return {**result, "loss_first": losses[min(losses)], "loss_last": losses[max(losses)],
             "val_losses": [(r["step"], r["val_loss"]) for r in evals]}
 

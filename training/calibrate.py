@@ -15,18 +15,10 @@ import numpy as np
 import torch
 
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
-from hitoban.training.hardware import default_precision
+from hitoban.training.hardware import default_precision, device_for
 from hitoban.training.optim import AdamW
 
 DEFAULT_CANDIDATES = ["tiny:8", "small:16", "3lm:24", "3lm:32", "3lm:48", "zxell-s:16"]
-
-
-def device_for(cpu: bool) -> torch.device:
-    if not cpu and torch.cuda.is_available():
-        return torch.device("cuda")
-    if not cpu and torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
 
 
 def synchronize(device: torch.device) -> None:

@@ -41,7 +41,7 @@ from hitoban.training.checkpoint import (
     save_checkpoint,
 )
 from hitoban.training.data import ShardReader
-from hitoban.training.hardware import default_precision, flops_per_token, matmul_peak
+from hitoban.training.hardware import default_precision, device_for, flops_per_token, matmul_peak
 from hitoban.training.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_at
 from hitoban.training.shards import load_index, sha256_file
 
@@ -300,8 +300,7 @@ def _pretrain(cfg: PretrainConfig) -> dict:
     index = load_index(data)
     precision = cfg.precision
     if precision == "auto":  # bf16 where the hardware multiplies it natively (CUDA, AMX / AVX512-BF16 CPUs)
-        on_gpu = not cfg.cpu and (torch.cuda.is_available() or torch.backends.mps.is_available())
-        precision = default_precision(("cuda" if torch.cuda.is_available() else "mps") if on_gpu else "cpu")
+        precision = default_precision(device_for(cfg.cpu).type)
     accelerator = Accelerator(cpu=cfg.cpu, mixed_precision=precision)
     main = accelerator.is_main_process
     rank, world = accelerator.process_index, accelerator.num_processes
