@@ -8,6 +8,11 @@ both alike. Absolute numbers swing between runs: read the ratios.
 
     python benchmarks/bench_model.py                     # SPEC §10 shape: 4L/256/4H, vocab 8000, ctx 256, batch 8
     python benchmarks/bench_model.py --preset 3lm --batch 4 --ctx 512
+    python benchmarks/bench_model.py --preset 3lm --batch 32 --ctx 512 --compile   # a GPU (CUDA or MPS): same script
+
+The device is CUDA, else MPS, else the CPU (`--device` to choose). `--compile` adds torch.compile rows for both
+models. The last row compares hitoban in the machine's default precision (`--precision auto`) with Llama eager fp32:
+what a night gains over a plain Trainer run on the same machine.
 """
 
 from __future__ import annotations
@@ -23,15 +28,28 @@ import torch
 from hitoban import HitobanConfig, HitobanForCausalLM
 from hitoban.modeling.export_llama import to_llama
 
+DEVICE = torch.device("cpu")
+
+
+def sync() -> None:
+    """Wait for the device: CUDA and MPS run asynchronously, so a clock read without this times the queueing."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+    elif DEVICE.type == "mps":
+        torch.mps.synchronize()
+
 
 def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
     """Best FLOP/s of an n x n matmul: the denominator of MFU on this machine."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    n = n if DEVICE.type == "cpu" else max(n, 8192)
+    a, b = torch.randn(n, n, dtype=dtype, device=DEVICE), torch.randn(n, n, dtype=dtype, device=DEVICE)
     a @ b
     best = float("inf")
     for _ in range(repeats):
+        sync()
         start = time.perf_counter()
         a @ b
+        sync()
         best = min(best, time.perf_counter() - start)
     return 2 * n**3 / best
 
@@ -73,7 +91,24 @@ print((peak_kib() - base) / 1024)
 
 def peak_memory_mib(kind: str, config: HitobanConfig, ctx: int, batch: int, bf16: bool) -> float:
     """Peak RSS growth over three training steps (activations, gradients, optimizer state) in a fresh process:
-    allocator caches of the other model cannot hide or inflate anything."""
+    allocator caches of the other model cannot hide or inflate anything. On CUDA: the allocator's own peak."""
+    if DEVICE.type == "cuda":
+        torch.manual_seed(0)
+        model = HitobanForCausalLM(config)
+        model = (to_llama(model) if kind == "llama" else model).to(DEVICE).train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        ids = torch.randint(0, config.vocab_size, (batch, ctx), device=DEVICE)
+        torch.cuda.reset_peak_memory_stats(DEVICE)
+        base = torch.cuda.memory_allocated(DEVICE)
+        for _ in range(3):
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+                loss = model(ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return (torch.cuda.max_memory_allocated(DEVICE) - base) / 2**20
+    if DEVICE.type != "cpu":
+        return float("nan")  # MPS has no peak counter
     import subprocess
     import sys
 
@@ -84,6 +119,7 @@ def peak_memory_mib(kind: str, config: HitobanConfig, ctx: int, batch: int, bf16
 
 
 def time_train_step(model, optimizer, ids, autocast) -> float:
+    sync()
     start = time.perf_counter()
     with autocast():
         loss = model(ids, labels=ids).loss
@@ -91,14 +127,17 @@ def time_train_step(model, optimizer, ids, autocast) -> float:
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    sync()
     return time.perf_counter() - start
 
 
 @torch.no_grad()
 def time_generate(model, prompt, new_tokens) -> float:
+    sync()
     start = time.perf_counter()
     model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
                    min_new_tokens=new_tokens, do_sample=False, pad_token_id=3)
+    sync()
     return time.perf_counter() - start
 
 
@@ -132,7 +171,13 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", help="also write the table here")
+    parser.add_argument("--device", help="cuda, mps or cpu (default: the best present)")
+    parser.add_argument("--compile", action="store_true", help="also time torch.compile'd training steps")
     args = parser.parse_args()
+    global DEVICE
+    from hitoban.training.hardware import default_precision, device_for
+
+    DEVICE = torch.device(args.device) if args.device else device_for()
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -143,13 +188,15 @@ def main() -> None:
     config.name_or_path = args.preset  # the peak-memory subprocess rebuilds the same shape from the preset
     ours = HitobanForCausalLM(config)
     llama = to_llama(ours)  # same weights, so both do the same work on the same numbers
+    ours, llama = ours.to(DEVICE), llama.to(DEVICE)
     models = {"hitoban": ours, "llama": llama}
-    ids = torch.randint(0, config.vocab_size, (args.batch, args.ctx))
+    ids = torch.randint(0, config.vocab_size, (args.batch, args.ctx), device=DEVICE)
     tokens = ids.numel()
     peaks = {"fp32": matmul_peak(torch.float32)}
     # Probe bf16 on a small matrix first: emulated bf16 (no AVX512-BF16/AMX) takes minutes at full size.
     probe = matmul_peak(torch.bfloat16, n=256, repeats=2)
-    peaks["bf16"] = matmul_peak(torch.bfloat16) if probe > peaks["fp32"] / 4 or args.bf16 else probe
+    peaks["bf16"] = (matmul_peak(torch.bfloat16) if probe > peaks["fp32"] / 4 or args.bf16 or DEVICE.type != "cpu"
+                     else probe)
     flops = train_flops_per_token(config, args.ctx)
     rows = []
 
@@ -158,8 +205,10 @@ def main() -> None:
         precisions.append("bf16")
     else:
         print(f"bf16 skipped: matmul peak {peaks['bf16'] / 1e9:.1f} GFLOP/s, this CPU has no native bf16 (use --bf16)")
+    eager_tok_s = {}
     for precision in precisions:
-        autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if precision == "bf16" else nullcontext
+        autocast = ((lambda: torch.autocast(DEVICE.type, dtype=torch.bfloat16)) if precision == "bf16"
+                    else nullcontext)
         optimizers = {n: torch.optim.AdamW(m.parameters(), lr=1e-4) for n, m in models.items()}
         for m in models.values():
             m.train()
@@ -167,6 +216,18 @@ def main() -> None:
             {n: (lambda n=n, o=optimizers, a=autocast: time_train_step(models[n], o[n], ids, a)) for n in models},
             args.repeats,
         )
+        eager_tok_s[precision] = {n: tokens / t for n, t in best.items()}
+        if args.compile:
+            compiled = {n: torch.compile(m) for n, m in models.items()}
+            best_c, ratio_c = alternate(
+                {n: (lambda n=n, o=optimizers, a=autocast, c=compiled: time_train_step(c[n], o[n], ids, a))
+                 for n in models}, args.repeats)
+            tok_c = {n: tokens / t for n, t in best_c.items()}
+            rows.append({"row": f"train step {precision} compiled", "unit": "tok/s", **tok_c, "ratio": ratio_c,
+                         "mfu_hitoban": tok_c["hitoban"] * flops / peaks[precision]})
+            rows.append({"row": f"hitoban compiled vs llama eager {precision}", "unit": "tok/s",
+                         "hitoban": tok_c["hitoban"], "llama": tokens / best["llama"],
+                         "ratio": tok_c["hitoban"] / (tokens / best["llama"])})
         memory = {n: statistics.median(peak_memory_mib(n, config, args.ctx, args.batch, precision == "bf16")
                                        for _ in range(3)) for n in models}
         tok_s = {n: tokens / t for n, t in best.items()}
@@ -175,10 +236,14 @@ def main() -> None:
         rows.append({"row": f"peak memory {precision}", "unit": "MiB", **memory,
                      "ratio": memory["llama"] / memory["hitoban"]})
 
+    default = "bf16" if default_precision(DEVICE.type) == "bf16" and "bf16" in eager_tok_s else "fp32"
+    rows.append({"row": f"hitoban default ({default}) vs llama fp32", "unit": "tok/s",
+                 "hitoban": eager_tok_s[default]["hitoban"], "llama": eager_tok_s["fp32"]["llama"],
+                 "ratio": eager_tok_s[default]["hitoban"] / eager_tok_s["fp32"]["llama"]})
     for m in models.values():
         m.eval()
     for batch in (1, 8):
-        prompt = torch.randint(4, config.vocab_size, (batch, 16))  # no padding: both take the same path
+        prompt = torch.randint(4, config.vocab_size, (batch, 16), device=DEVICE)  # no padding: both take the same path
         best, ratio = alternate(
             {n: (lambda n=n, p=prompt: time_generate(models[n], p, args.new_tokens)) for n in models}, args.repeats
         )
@@ -196,7 +261,7 @@ def main() -> None:
     total = sum(p.numel() for p in ours.parameters())
     print(f"shape: {args.preset} {config.num_hidden_layers}L/{config.hidden_size}/{config.num_attention_heads}H "
           f"vocab {config.vocab_size} ctx {args.ctx} batch {args.batch}, {total / 1e6:.2f}M params, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {DEVICE}")
     print(f"matmul peak: fp32 {peaks['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.0f} GFLOP/s")
     print(f"{'row':<32}{'hitoban':>10}{'llama':>10}{'ratio':>8}  (best-of tok/s; ratio = median paired "
           "speed-up, > 1: hitoban better)")

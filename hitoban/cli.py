@@ -89,8 +89,9 @@ def _kvcache(args) -> int:
         from transformers import AutoModelForCausalLM
 
         import hitoban.modeling  # noqa: F401  (registers the Auto classes)
+        from hitoban.training.hardware import device_for
 
-        model = AutoModelForCausalLM.from_pretrained(args.model)
+        model = AutoModelForCausalLM.from_pretrained(args.model).to(device_for())
     result = check_kvcache(model, steps=args.steps, atol=args.atol, break_rope_offset=args.break_rope_offset)
     verdict = "PASS" if result["passed"] else "FAIL"
     print(f"kv-cache check {verdict}: max |diff| {result['max_abs_diff']:.3e}, mean {result['mean_abs_diff']:.3e} "
@@ -215,99 +216,26 @@ def _shards(args) -> int:
     return 0
 
 
-def _training_options(p) -> None:
-    """The options that shape a pretraining run: shared by `pretrain` and `killtest` (which must test the night's
-    exact configuration), so no option or default is written twice."""
-    p.add_argument("--data", required=True, help="a shard folder from `hitoban shards`")
-    p.add_argument("--preset", default="3lm", help="model shape: tiny, small, 3lm, zxell-s")
-    p.add_argument("--batch-size", type=int, default=32, help="sequences per optimizer step, over all processes")
-    p.add_argument("--context", type=int, help="tokens per sequence (default: the preset's)")
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (same result, less memory)")
-    p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate")
-    p.add_argument("--min-lr-ratio", type=float, default=0.1, help="the cosine ends at this fraction of the peak")
-    p.add_argument("--warmup-frac", type=float, default=0.02, help="warmup: max(100 steps, this fraction)")
-    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW decoupled weight decay")
-    p.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient norm (0: off)")
-    p.add_argument("--no-adam-bias-correction", action="store_true",
-                   help="3LM/MLX AdamW semantics: no bias correction (smaller first updates)")
-    p.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw",
-                   help="muon: torch's Muon on the hidden matrices (update scaled to AdamW's RMS, same --lr), AdamW "
-                        "on embeddings and norms")
-    p.add_argument("--schedule", choices=["cosine", "wsd"], default="cosine",
-                   help="cosine to --min-lr-ratio (3LM), or warmup-stable-decay with a linear warmdown")
-    p.add_argument("--decay-frac", type=float, default=0.2, help="wsd: the warmdown's share of the steps")
-    p.add_argument("--dropout", type=float, default=0.0, help="residual and embedding dropout")
-    p.add_argument("--seed", type=int, default=1234, help="initialisation and batches: (seed, step) -> batch")
-    p.add_argument("--precision", choices=["auto", "no", "bf16", "fp16"], default="auto",
-                   help="auto: bf16 on CUDA and on CPUs with native bf16 (AMX, AVX512-BF16), fp32 elsewhere")
-    p.add_argument("--cpu", action="store_true", help="train on the CPU even when a GPU/MPS is present")
-    p.add_argument("--memory-cap-gb", type=float, help="cap GPU/MPS memory for this process")
-    p.add_argument("--skip-memory-check", action="store_true",
-                   help="start even when the memory estimate exceeds what is free")
-
-
-TRAINING_FLAGS = ("--no-adam-bias-correction", "--cpu", "--skip-memory-check")
-
-
-def training_argv(args) -> list[str]:
-    """The training options of parsed `args` as command-line arguments again (for the kill test's runs)."""
-    argv = []
-    for flag in ("--preset", "--batch-size", "--context", "--grad-accum", "--lr", "--min-lr-ratio", "--warmup-frac",
-                 "--weight-decay", "--grad-clip", "--optimizer", "--schedule", "--decay-frac", "--dropout", "--seed",
-                 "--precision", "--memory-cap-gb"):
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if value is not None:
-            argv += [flag, str(value)]
-    return argv + [flag for flag in TRAINING_FLAGS if getattr(args, flag[2:].replace("-", "_"))]
-
-
 def _pretrain_args(p):
-    _training_options(p)
-    p.add_argument("--out", required=True, help="run folder: checkpoints, final/, log.jsonl, heartbeat.json")
-    budget = p.add_mutually_exclusive_group(required=True)
-    budget.add_argument("--tokens", type=float, help="token budget (the LR schedule is built for exactly this)")
-    budget.add_argument("--steps", type=int, help="step budget")
-    budget.add_argument("--hours", type=float,
-                        help="size the budget to end in this many hours: tok/s measured on this run's shape and "
-                             "device, then fixed for the run (a resume keeps it)")
-    p.add_argument("--resume", choices=["auto", "never"], default="auto",
-                   help="auto: continue from the last complete checkpoint; never: start over in --out")
-    p.add_argument("--allow-change", metavar="OPTION,...",
-                   help="resume even though these options differ from the checkpoint's (e.g. lr,total_steps); "
-                        "the change is recorded in log.jsonl")
-    p.add_argument("--save-every-steps", type=int, help="also save every N steps")
-    p.add_argument("--save-every-min", type=float, default=10.0, help="save at least this often (minutes)")
-    p.add_argument("--eval-every", type=int, default=500, help="validation every N steps (and at the end)")
-    p.add_argument("--eval-batches", type=int, default=20, help="fixed validation batches per evaluation")
-    p.add_argument("--log-every", type=int, default=50, help="a train record in log.jsonl every N steps")
-    p.add_argument("--max-hours", type=float, help="save and stop cleanly after this much training time")
+    from hitoban.training.options import PretrainConfig, add_options
+
+    add_options(p, PretrainConfig)
     p.add_argument("--supervise", action="store_true",
                    help="relaunch after a crash while the saved step advances; keep the machine awake")
     p.add_argument("--max-restarts", type=int, default=40, help="--supervise: give up after this many relaunches")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (log.jsonl and heartbeat stay)")
 
 
 @verb("pretrain", "pretrain on shards with crash-safe A/B checkpoints and exact resume (Accelerate)")(_pretrain_args)
 def _pretrain(args) -> int:
-    from hitoban.training.pretrain import PretrainConfig, pretrain
+    from hitoban.training.options import PretrainConfig, from_args
+    from hitoban.training.pretrain import pretrain
 
     if args.supervise:
         from hitoban.training.supervise import supervise
 
         argv = [a for a in args.argv if a != "--supervise"]
         return supervise(argv, Path(args.out), args.max_restarts)
-    cfg = PretrainConfig(
-        data=args.data, out=args.out, preset=args.preset, tokens=int(args.tokens) if args.tokens else None,
-        steps=args.steps, hours=args.hours, batch_size=args.batch_size, context=args.context,
-        grad_accum=args.grad_accum, lr=args.lr,
-        min_lr_ratio=args.min_lr_ratio, warmup_frac=args.warmup_frac, weight_decay=args.weight_decay,
-        grad_clip=args.grad_clip, adam_bias_correction=not args.no_adam_bias_correction, optimizer=args.optimizer,
-        schedule=args.schedule, decay_frac=args.decay_frac, dropout=args.dropout,
-        seed=args.seed, resume=args.resume, save_every_steps=args.save_every_steps, save_every_min=args.save_every_min,
-        eval_every=args.eval_every, eval_batches=args.eval_batches, log_every=args.log_every,
-        max_hours=args.max_hours, precision=args.precision, cpu=args.cpu, memory_cap_gb=args.memory_cap_gb,
-        skip_memory_check=args.skip_memory_check, progress=not args.no_progress,
-        allow_change=args.allow_change)
+    cfg = from_args(PretrainConfig, args)
     try:
         pretrain(cfg)
     finally:
@@ -319,7 +247,9 @@ def _pretrain(args) -> int:
 
 
 def _killtest_args(p):
-    _training_options(p)
+    from hitoban.training.options import TrainingOptions, add_options
+
+    add_options(p, TrainingOptions)
     p.add_argument("--work", default="hitoban-killtest", help="scratch folder; killtest.json and .png land here")
     p.add_argument("--steps", type=int, default=60, help="length of each run (the night's other options are kept)")
     p.add_argument("--kills", type=int, default=2, help="SIGKILLs (the first lands inside a checkpoint save)")
@@ -330,8 +260,10 @@ def _killtest_args(p):
                   "uninterrupted run")(_killtest_args)
 def _killtest(args) -> int:
     from hitoban.training.killtest import run_killtest
+    from hitoban.training.options import TrainingOptions, from_args, to_argv
 
-    options = training_argv(args) + (["--eval-every", str(args.eval_every)] if args.eval_every else [])
+    options = to_argv(from_args(TrainingOptions, args))
+    options += ["--eval-every", str(args.eval_every)] if args.eval_every else []
     result = run_killtest(args.data, args.work, options, steps=args.steps, kills=args.kills)
     failed = [name for name, ok in result["checks"].items() if not ok]
     print(f"kill test {'PASSED' if result['passed'] else 'FAILED: ' + ', '.join(failed)} ({result['mode']}, "
@@ -354,17 +286,19 @@ def _watch(args) -> int:
 
 
 def _calibrate_args(p):
-    p.add_argument("--data", help="shard folder (real batches and vocab); default: random tokens")
+    from hitoban.training.options import TrainingOptions, add_options
+
+    add_options(p, TrainingOptions, only=("data", "context", "precision", "cpu"), optional=("data",))
     p.add_argument("--hours", type=float, default=8.0, help="length of the night")
     p.add_argument("--candidate", action="append", metavar="PRESET:BATCH",
                    help="repeatable; default: tiny:8 small:16 3lm:24 3lm:32 3lm:48 zxell-s:16")
     p.add_argument("--vocab-size", type=int, default=32000, help="vocabulary without --data (with it: the shards')")
-    p.add_argument("--context", type=int, help="tokens per sequence (default: each preset's)")
     p.add_argument("--steps", type=int, default=10,
                    help="timed steps per candidate at least (after --warmup); more, up to a minute, until the "
                         "timings settle within 10%%")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (allocation, kernel selection)")
-    p.add_argument("--cpu", action="store_true", help="measure the CPU even when a GPU/MPS is present")
+    p.add_argument("--compile", choices=["on", "off"], default="off",
+                   help="measure the compiled step (compile time excluded, as --hours does)")
     p.add_argument("--out", help="also write the table as JSON")
 
 
@@ -375,7 +309,7 @@ def _calibrate(args) -> int:
 
     print(f"{'candidate':<16}{'params':>8}{'non-emb':>9}{'tok/s':>17}{'memory':>10}{'tokens':>22}{'D/N':>11}")
     result = calibrate(args.candidate or DEFAULT_CANDIDATES, args.hours, args.data, args.vocab_size, args.context,
-                       args.steps, args.warmup, args.cpu)
+                       args.steps, args.warmup, args.cpu, args.precision, args.compile)
     print(f"selected {result['selected']} (D/N closest to 20): {result['sureness']}; run:\n  {result['command']}")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
@@ -769,7 +703,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action):
         help_text = action.help or ""
-        if action.default in (None, False, argparse.SUPPRESS) or "default" in help_text:
+        switch = isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
+        if switch or action.default is None or action.default == argparse.SUPPRESS or "default" in help_text:
             return help_text
         return super()._get_help_string(action)
 

@@ -22,6 +22,17 @@ def _fmt(value, digits: int = 4) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
+def _recipe(run: dict) -> str:
+    """The optimizer and schedule the run recorded (runs from before they were options used AdamW + cosine)."""
+    args = run.get("args", {})
+    optimizer = {"muon": "Muon on hidden matrices + AdamW on the rest", "adamw": "AdamW"}.get(
+        args.get("optimizer", "adamw"), args.get("optimizer"))
+    schedule = {"wsd": "warmup-stable-decay", "cosine": "cosine"}.get(args.get("schedule", "cosine"),
+                                                                      args.get("schedule"))
+    lr = f", peak lr {args['lr']:g}" if isinstance(args.get("lr"), (int, float)) else ""
+    return f"{optimizer}, {schedule} schedule{lr}"
+
+
 class CardText:
     def __init__(self, model_dir: Path, repo: str, prov, art: dict, measured_on: dict, numbers: dict):
         self.model_dir, self.repo, self.prov, self.art = model_dir, repo, prov, art
@@ -172,7 +183,7 @@ class CardText:
         lines = ["## Training procedure", ""]
         if run:
             lines.append(f"Pretraining with Accelerate on shards of the corpus below: {_fmt(run.get('total_steps'))} "
-                         f"steps of {_fmt(run.get('tokens_per_step'))} tokens, AdamW, cosine schedule; crash-safe A/B "
+                         f"steps of {_fmt(run.get('tokens_per_step'))} tokens, {_recipe(run)}; crash-safe A/B "
                          f"checkpoints with exact resume (from {self.src('run')}).")
         else:
             lines.append(f"Pretraining run: {self.missing('run')}.")

@@ -38,7 +38,7 @@ def model_id_from_config(readme: Path = Path(__file__).with_name("README.md")) -
 
 
 def load(model_id: str):
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
     tokenizer = AutoTokenizer.from_pretrained(model_id)
     model = AutoModelForCausalLM.from_pretrained(model_id, trust_remote_code=True).to(device).eval()
     return model, tokenizer

@@ -314,13 +314,15 @@ def test_resume_with_dropout_is_bit_identical(tiny_shards, tmp_path):
 
 def test_resume_refuses_a_changed_option_and_names_it(tiny_shards, tmp_path):
     run = tmp_path / "run"
-    pretrain(config(tiny_shards, run, steps=6, eval_every=100, max_hours=1e-9))
+    pretrain(config(tiny_shards, run, steps=6, eval_every=100, max_hours=1e-9, lr=6e-4))
     with pytest.raises(CheckpointError, match=r"lr 0\.0006 -> 0\.001.*--allow-change lr"):
         pretrain(config(tiny_shards, run, steps=6, eval_every=100, lr=1e-3))
     with pytest.raises(CheckpointError, match=r"dropout 0\.0 -> 0\.1"):
-        pretrain(config(tiny_shards, run, steps=6, eval_every=100, dropout=0.1))
+        pretrain(config(tiny_shards, run, steps=6, eval_every=100, dropout=0.1, lr=6e-4))
     with pytest.raises(CheckpointError, match=r"total_steps 6 -> 9"):
-        pretrain(config(tiny_shards, run, steps=9, eval_every=100))
+        pretrain(config(tiny_shards, run, steps=9, eval_every=100, lr=6e-4))
+    with pytest.raises(CheckpointError, match=r"lr 0\.0006 -> 0\.002"):  # the default lr is Muon's: named too
+        pretrain(config(tiny_shards, run, steps=6, eval_every=100))
     # the CLI: one line, exit 2, the option named
     args = ["pretrain", "--data", str(tiny_shards), "--out", str(run), "--preset", "tiny", "--context", "64",
             "--batch-size", "8", "--steps", "6", "--cpu", "--no-progress", "--eval-every", "100", "--lr", "1e-3"]
@@ -392,7 +394,7 @@ def test_muon_resume_is_bit_identical(tiny_shards, tmp_path):
     pretrain(cut)
     a, b = _weights(tmp_path / "whole"), _weights(tmp_path / "cut")
     assert all(torch.equal(a[k], b[k]) for k in a)
-    adamw = config(tiny_shards, tmp_path / "adamw", steps=8, eval_every=100, schedule="wsd")
+    adamw = config(tiny_shards, tmp_path / "adamw", steps=8, eval_every=100, schedule="wsd", optimizer="adamw")
     pretrain(adamw)  # control: the optimizer really changes the trajectory
     c = _weights(tmp_path / "adamw")
     assert any(not torch.equal(a[k], c[k]) for k in a)

@@ -8,15 +8,19 @@ its exact `hitoban pretrain` command is printed.
 
 from __future__ import annotations
 
+import json
+import platform
 import resource
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
-from hitoban.training.hardware import default_precision, device_for
-from hitoban.training.optim import AdamW
+from hitoban.training.hardware import check_precision, default_precision, device_for
+from hitoban.training.loop import reset_accelerate_state, train_step
+from hitoban.training.optim import build_optimizer
 
 DEFAULT_CANDIDATES = ["tiny:8", "small:16", "3lm:24", "3lm:32", "3lm:48", "zxell-s:16"]
 
@@ -43,31 +47,31 @@ STABLE_SPREAD = 0.10  # interquartile range of the step times / median
 
 
 def measure(preset: str, batch: int, vocab_size: int, context: int | None, steps: int, warmup: int,
-            device: torch.device, data=None, precision: str = "no", max_seconds: float = 60.0) -> dict:
+            accelerator, data=None, max_seconds: float = 60.0, compiled: bool = False,
+            optimizer_name: str = "muon") -> dict:
+    """tok/s of the real training step (`loop.train_step`: the loop's forward, backward, clip, update) for one
+    process's micro-batch, in the accelerator's precision; compile time (the first steps) is excluded."""
+    device = accelerator.device
     config = HitobanConfig.from_preset(preset, vocab_size=vocab_size)
     context = context or config.max_position_embeddings
     config.max_position_embeddings = max(config.max_position_embeddings, context)
     torch.manual_seed(0)
     model = HitobanForCausalLM(config).to(device).train()
-    optimizer = AdamW(model.parameters(), lr=3e-4)
+    optimizer = build_optimizer(model, optimizer_name, lr=3e-4)  # Muon's Newton-Schulz is part of the step's cost
+    step_model = torch.compile(model) if compiled else model
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    dtype = torch.bfloat16 if precision == "bf16" else None
 
     def step(i: int) -> None:
         rows = (data.batch(0, i, batch, context) if data is not None
                 else np.random.default_rng([0, i]).integers(0, vocab_size, (batch, context + 1)))
-        x = torch.from_numpy(rows).to(device)
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-            loss = model(x, labels=x).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        train_step(step_model, optimizer, accelerator, rows, 1, 1.0)
 
+    first = time.perf_counter()
     for i in range(warmup):
         step(i)
     synchronize(device)
+    warmup_seconds = time.perf_counter() - first
     times = time_steps(step, warmup, steps, device, max_seconds)
     median = float(np.median(times))
     q25, q75 = (float(q) for q in np.percentile(times, [25, 75]))
@@ -75,11 +79,39 @@ def measure(preset: str, batch: int, vocab_size: int, context: int | None, steps
     params = sum(p.numel() for p in model.parameters())
     non_embedding = params - model.model.embed_tokens.weight.numel()
     return {"label": f"{preset} b{batch}", "preset": preset, "batch": batch, "context": context, "params": params,
-            "non_embedding": non_embedding, "tokens_per_step": batch * context,
+            "non_embedding": non_embedding, "tokens_per_step": batch * context, "step_seconds": median,
+            "warmup_seconds": warmup_seconds, "compiled": compiled,
             "tok_per_sec": batch * context / median, "tok_per_sec_range": [batch * context / q75,
                                                                            batch * context / q25],
             "spread": round((q75 - q25) / median, 4), "steps_timed": len(times), "peak_gb": memory,
             "memory_kind": memory_kind}
+
+
+COMPILE_CACHE = Path.home() / ".cache" / "hitoban" / "compile_gain.json"
+
+
+def compile_gain(preset: str, batch: int, vocab_size: int, context: int, accelerator, data=None,
+                 optimizer: str = "muon", cache: Path = COMPILE_CACHE, log=print) -> dict:
+    """What torch.compile buys this shape on this machine: eager and compiled step times and the compile time
+    (first compiled steps minus eager ones). Measured once per machine, shape, precision and torch (a minute or
+    two on a CPU), then cached: `--compile auto` decides from it."""
+    key = (f"{accelerator.device.type}|{platform.processor() or platform.machine()}|{torch.get_num_threads()} "
+           f"threads|torch {torch.__version__}|{preset} b{batch} ctx{context} vocab{vocab_size}|"
+           f"{accelerator.mixed_precision}|{optimizer}")
+    cached = json.loads(cache.read_text()) if cache.exists() else {}
+    if key not in cached:
+        log(f"# measuring torch.compile on this machine once ({preset} b{batch}); cached in {cache}")
+        eager = measure(preset, batch, vocab_size, context, 5, 2, accelerator, data, 30, optimizer_name=optimizer)
+        compiled = measure(preset, batch, vocab_size, context, 5, 2, accelerator, data, 30, compiled=True,
+                           optimizer_name=optimizer)
+        cached[key] = {"eager_step_s": eager["step_seconds"], "compiled_step_s": compiled["step_seconds"],
+                       "compile_s": max(0.0, compiled["warmup_seconds"] - eager["warmup_seconds"])}
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps(cached, indent=2))
+        except OSError:
+            pass  # a read-only home only costs a re-measurement next time
+    return cached[key]
 
 
 def time_steps(step, first: int, steps: int, device: torch.device, max_seconds: float) -> list[float]:
@@ -105,12 +137,18 @@ def _spread(times: list[float]) -> float:
 
 def calibrate(candidates: list[str], hours: float = 8.0, data_dir: str | None = None, vocab_size: int = 32000,
               context: int | None = None, steps: int = 10, warmup: int = 3, cpu: bool = False,
-              precision: str = "auto", log=print) -> dict:
+              precision: str = "auto", compile: str = "off", log=print) -> dict:  # noqa: A002
+    """Measure each "PRESET:BATCH" candidate with the real training step and pick the night's run."""
+    from accelerate import Accelerator
+
     from hitoban.training.data import ShardReader
 
     device = device_for(cpu)
     if precision == "auto":
         precision = default_precision(device.type)
+    check_precision(device.type, precision)
+    reset_accelerate_state()
+    accelerator = Accelerator(cpu=cpu, mixed_precision=precision)
     data = ShardReader(data_dir) if data_dir else None
     if data is not None:
         vocab_size = data.vocab_size
@@ -118,7 +156,8 @@ def calibrate(candidates: list[str], hours: float = 8.0, data_dir: str | None = 
     results = []
     for candidate in candidates:
         preset, _, batch = candidate.partition(":")
-        row = measure(preset, int(batch or 32), vocab_size, context, steps, warmup, device, data, precision)
+        row = measure(preset, int(batch or 32), vocab_size, context, steps, warmup, accelerator, data,
+                      compiled=compile == "on")
         row["tokens_in_budget"] = int(row["tok_per_sec"] * usable)
         row["tokens_in_budget_range"] = [int(v * usable) for v in row["tok_per_sec_range"]]
         row["d_over_n"] = row["tokens_in_budget"] / row["non_embedding"]
@@ -137,6 +176,7 @@ def calibrate(candidates: list[str], hours: float = 8.0, data_dir: str | None = 
                 f"{best['tok_per_sec_range'][0]:,.0f}-{best['tok_per_sec_range'][1]:,.0f}), so the night holds "
                 f"{low:,}-{high:,} tokens" + ("" if best["spread"] <= STABLE_SPREAD else
                                               "; the timings did not settle (a busy machine?): calibrate again"))
+    reset_accelerate_state()
     return {"hours": hours, "usable_seconds": usable, "device": device.type, "precision": precision,
             "sureness": sureness,
             "vocab_size": vocab_size, "measured_steps": steps, "warmup_steps": warmup, "results": results,

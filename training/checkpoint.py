@@ -8,11 +8,13 @@ leaves CURRENT naming an intact slot. A slot without COMPLETE is never loaded: c
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import shutil
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -27,10 +29,45 @@ SLOTS = ("ckpt-A", "ckpt-B")
 # mid-save; and write a digest of the *in-memory* state just before each save, for check [A].
 PAUSE_IN_SAVE_ENV = "HITOBAN_PAUSE_IN_SAVE"
 STATE_DIGEST_ENV = "HITOBAN_STATE_DIGEST_DIR"
+DETERMINISTIC_ENV = "HITOBAN_DETERMINISTIC"  # the kill test on a GPU: deterministic kernels, bit-exact resume
 
 
 class CheckpointError(HitobanError, RuntimeError):
     """A checkpoint cannot be written or does not fit this run; the message says what to do."""
+
+
+TRAIN_STATE_SCHEMA = 1
+
+
+@dataclass
+class TrainState:
+    """`train_state.json`: what a checkpoint records beside weights and optimizer state, and what the loop carries
+    from step to step. Its schema lives here, beside the code that writes and reads it."""
+
+    run_id: str  # names this run in every model it exports (lineage.json) and in the card
+    seed: int
+    fingerprint: dict = field(default_factory=dict)  # the trajectory: a resume must match it (check_resumable)
+    args: dict = field(default_factory=dict)  # every option of the run, for the record
+    data_index_sha256: str = ""
+    step: int = 0  # optimizer updates done
+    tokens_seen: int = 0
+    best_val: float | None = None
+    elapsed_sec: float = 0.0  # training time over all sessions
+    resumes: int = 0
+    schema: int = TRAIN_STATE_SCHEMA
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, ensure_ascii=False)
+
+    @classmethod
+    def read(cls, slot: Path) -> TrainState:
+        """A slot's state; keys this version does not know (a newer hitoban) are refused, not dropped."""
+        data = json.loads((Path(slot) / "train_state.json").read_text())
+        known = {f.name for f in dataclasses.fields(cls)}
+        if data.get("schema", 1) > TRAIN_STATE_SCHEMA or set(data) - known:
+            raise CheckpointError(f"{slot}/train_state.json was written by a newer hitoban (schema "
+                                  f"{data.get('schema')}, fields {sorted(set(data) - known)}); upgrade to resume it")
+        return cls(**data)
 
 
 def _fsync_file(path: Path) -> None:
@@ -117,13 +154,13 @@ def state_digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> di
     return {name: digest(t) for name, t in sorted(tensors.items())}
 
 
-def save_checkpoint(run: Path, model, optimizer, train_state: dict, tokenizer_dir: Path | None) -> Path:
+def save_checkpoint(run: Path, model, optimizer, train_state: TrainState, tokenizer_dir: Path | None) -> Path:
     """Write the slot CURRENT does not name, then point CURRENT at it. Returns the slot path."""
     run = Path(run)
     named = current_slot(run)
     target = run / (SLOTS[1] if named is not None and named.name == SLOTS[0] else SLOTS[0])
     if os.environ.get(STATE_DIGEST_ENV):  # the kill test's check [A]: the state as it was in memory
-        _write_text(Path(os.environ[STATE_DIGEST_ENV]) / f"step-{train_state['step']}.json",
+        _write_text(Path(os.environ[STATE_DIGEST_ENV]) / f"step-{train_state.step}.json",
                     json.dumps(state_digest(model, optimizer)))
     try:
         if target.exists():
@@ -137,11 +174,11 @@ def save_checkpoint(run: Path, model, optimizer, train_state: dict, tokenizer_di
             for name in TOKENIZER_FILES:
                 if (Path(tokenizer_dir) / name).exists():
                     shutil.copy2(Path(tokenizer_dir) / name, target / name)
-        _write_text(target / "train_state.json", json.dumps(train_state, indent=2, ensure_ascii=False))
+        _write_text(target / "train_state.json", train_state.to_json())
         if os.environ.get(PAUSE_IN_SAVE_ENV):
-            _write_text(run / "SAVING", str(train_state["step"]))
+            _write_text(run / "SAVING", str(train_state.step))
             time.sleep(float(os.environ[PAUSE_IN_SAVE_ENV]))
-        _write_text(target / "COMPLETE", f"{time.time():.0f}\nstep={train_state['step']}\n")
+        _write_text(target / "COMPLETE", f"{time.time():.0f}\nstep={train_state.step}\n")
         _fsync_dir(target)
         _write_text(run / "CURRENT.tmp", target.name + "\n")
         os.replace(run / "CURRENT.tmp", run / "CURRENT")
@@ -151,24 +188,26 @@ def save_checkpoint(run: Path, model, optimizer, train_state: dict, tokenizer_di
         kept = f"the last good checkpoint ({named.name}) is untouched" if named else "no earlier checkpoint existed"
         raise CheckpointError(f"could not save a checkpoint in {run}: {err.strerror or err}; {kept}. "
                               "Free disk space or fix permissions, then resume with --resume auto") from err
+    except BaseException:  # any other failure (or Ctrl-C) mid-save: no half-written slot either
+        shutil.rmtree(target, ignore_errors=True)
+        raise
     finally:
         (run / "SAVING").unlink(missing_ok=True)
     return target
 
 
-def load_checkpoint(slot: Path, model, optimizer) -> dict:
-    """Load weights (and optimizer state if present) into already-built objects; returns train_state."""
+def load_checkpoint(slot: Path, model, optimizer) -> tuple[TrainState, bool]:
+    """Load weights (and optimizer state if present) into already-built objects; returns the train state and
+    whether the optimizer state was there to restore."""
     state_dict = load_file(str(slot / "model.safetensors"))
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     if unexpected or [k for k in missing if k != "lm_head.weight"]:
         raise CheckpointError(f"{slot}: weights do not fit the model (missing {missing}, unexpected {unexpected})")
-    train_state = json.loads((slot / "train_state.json").read_text())
-    if (slot / "optimizer.safetensors").exists():
+    train_state = TrainState.read(slot)
+    restored = (slot / "optimizer.safetensors").exists()
+    if restored:
         load_optimizer_tensors(model, optimizer, load_file(str(slot / "optimizer.safetensors")))
-        train_state["optimizer_restored"] = True
-    else:
-        train_state["optimizer_restored"] = False
-    return train_state
+    return train_state, restored
 
 
 STRUCTURAL = ("model_config", "tokenizer_sha256", "data_index_sha256")  # never changeable on resume
@@ -178,11 +217,11 @@ class ResumeMismatch(CheckpointError):
     """The run's options differ from the checkpoint's; the message names each change."""
 
 
-def check_resumable(train_state: dict, fingerprint: dict, allow: frozenset[str] | set[str] = frozenset()) -> dict:
+def check_resumable(train_state: TrainState, fingerprint: dict, allow: frozenset[str] | set[str] = frozenset()) -> dict:
     """Refuse to resume when anything that shapes the trajectory changed (SPEC §5): model config, tokenizer, data,
     and every training option in the fingerprint. Options named in `allow` may change (returned as
     {option: [old, new]} for the log); options an older checkpoint did not record are returned under "unrecorded"."""
-    saved = train_state.get("fingerprint", {})
+    saved = train_state.fingerprint
     changes = {key: [saved[key], value] for key, value in fingerprint.items() if key in saved and saved[key] != value}
     refused = {k: v for k, v in changes.items() if k in STRUCTURAL or k not in allow}
     if refused:

@@ -99,3 +99,57 @@ def matmul_peak(device: torch.device, precision: str, cache: Path = PEAK_CACHE) 
         except OSError:
             pass  # a read-only home only costs a re-measurement next time
     return cached[key], f"measured {dtype} matmul peak of this machine"
+
+
+def available_memory_bytes(device: torch.device) -> int | None:
+    """Memory this run can still take: free CUDA memory; on MPS what Metal recommends minus what the driver holds
+    (unified memory, shared with the system); on a CPU the system's available RAM (psutil: Linux and macOS)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type == "mps":
+        return max(0, torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory())
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:  # psutil comes with accelerate; without it, no preflight rather than a wrong one
+        return None
+
+
+def check_precision(device_type: str, precision: str, warn=print) -> None:
+    """Refuse a precision the device cannot run, with what to use instead; warn where it runs but slowly."""
+    from hitoban.errors import UsageError
+
+    if precision == "fp16" and device_type == "cpu":
+        raise UsageError("--precision fp16 needs a GPU (CUDA or MPS); on a CPU use bf16 (native on AMX / "
+                         "AVX512-BF16 CPUs) or no (fp32)")
+    if precision == "bf16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UsageError(f"this GPU ({torch.cuda.get_device_name()}) has no bf16; use --precision fp16 or no")
+    if precision == "bf16" and device_type == "mps" and not torch.backends.mps.is_macos_or_newer(14, 0):
+        raise UsageError("bf16 on Apple's MPS needs macOS 14 or newer; use --precision fp16 or no (fp32)")
+    if precision == "bf16" and device_type == "cpu" and not cpu_has_native_bf16():
+        warn("warning: this CPU has no native bf16 (no AMX / AVX512-BF16): bf16 is emulated and about 4x slower "
+             "than fp32 here; --precision no is faster")
+
+
+COMPILE_MIN_CPU_SECONDS = 20 * 60  # shorter CPU runs are not worth a measurement that takes a minute or two
+
+
+def choose_compile(option: str, device: torch.device, run_seconds: float, measure_gain) -> tuple[bool, str]:
+    """(compile?, why). `auto`: on CUDA; on a CPU only when the measured speed-up repays the measured compile time
+    over this run's length (`measure_gain()` -> {"eager_step_s", "compiled_step_s", "compile_s"}, cached per
+    machine and shape by calibrate); off on MPS, whose inductor backend is still young."""
+    if option in ("on", "off"):
+        return option == "on", f"--compile {option}"
+    if device.type == "cuda":
+        return True, "auto: CUDA"
+    if device.type != "cpu":
+        return False, f"auto: off on {device.type}"
+    if run_seconds < COMPILE_MIN_CPU_SECONDS:
+        return False, f"auto: a run of ~{run_seconds / 60:.0f} min on a CPU cannot repay the compile time"
+    gain = measure_gain()
+    speedup = gain["eager_step_s"] / gain["compiled_step_s"]
+    saved = run_seconds * (1 - 1 / speedup) - gain["compile_s"]
+    verdict = "saves" if saved > 0 else "would cost"
+    return saved > 0, (f"auto: measured {speedup:.2f}x per step after {gain['compile_s']:.0f} s of compiling, so it "
+                       f"{verdict} ~{abs(saved) / 60:.0f} min over this ~{run_seconds / 60:.0f}-min run")

@@ -31,7 +31,7 @@ from safetensors.torch import load_file
 
 from hitoban.errors import UsageError
 from hitoban.provenance import weights_sha256
-from hitoban.training.checkpoint import PAUSE_IN_SAVE_ENV, STATE_DIGEST_ENV, current_slot
+from hitoban.training.checkpoint import DETERMINISTIC_ENV, PAUSE_IN_SAVE_ENV, STATE_DIGEST_ENV, TrainState, current_slot
 
 
 def batch_hash(data: str | os.PathLike) -> str:
@@ -50,10 +50,10 @@ def restore_check(slot: Path, digest_file: Path) -> dict:
 
     model = HitobanForCausalLM(HitobanConfig.from_pretrained(slot))
     optimizer = AdamW(model.parameters())
-    state = load_checkpoint(slot, model, optimizer)
+    state, _ = load_checkpoint(slot, model, optimizer)
     before, after = json.loads(Path(digest_file).read_text()), state_digest(model, optimizer)
     bad = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-    return {"exact": not bad, "mismatches": bad[:10], "tensors": len(before), "step": state["step"],
+    return {"exact": not bad, "mismatches": bad[:10], "tensors": len(before), "step": state.step,
             "lr": optimizer.param_groups[0]["lr"]}
 
 
@@ -122,7 +122,10 @@ def run_killtest(data: str | os.PathLike, work: str | os.PathLike, options: list
                     "--resume", "auto"])
     # One thread per run: every run does the same arithmetic (bit-exact comparisons need equal thread counts) and
     # independent runs can go in parallel on separate cores.
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    # On a GPU: deterministic kernels (cuBLAS workspace, no atomics), so the same device can be held to bit-exactness;
+    # where that is impossible (MPS) the noise-floor rule below judges instead.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
+           DETERMINISTIC_ENV: "1", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
     digests = work / "state-digests"
     digests.mkdir()
 
@@ -143,7 +146,7 @@ def run_killtest(data: str | os.PathLike, work: str | os.PathLike, options: list
     log(f"noise floor (two uninterrupted runs): {noise:.3e}")
 
     slot = current_slot(work / "base1")
-    step = json.loads((slot / "train_state.json").read_text())["step"]
+    step = TrainState.read(slot).step
     restore = json.loads(subprocess.run([sys.executable, "-c", VERIFY_RESTORE, str(slot),
                                          str(digests / f"step-{step}.json"), str(data)],
                                         capture_output=True, text=True, env=env, check=True).stdout)
@@ -188,7 +191,7 @@ def self_kill(killed: Path, kills: int, log_every: int, pretrain, first_copy: Pa
         slot = current_slot(killed)
         if slot is None:
             raise UsageError("the first kill came before any checkpoint; use more --steps")
-        survived = json.loads((slot / "train_state.json").read_text())["step"]
+        survived = TrainState.read(slot).step
         kill_steps.append(survived)
         log(f"[C] SIGKILL {attempt + 1}{' during a save' if mid_save else ''}: last complete checkpoint at step "
             f"{survived}" + (f"; half-written slot left: {sorted(p.name for p in killed.glob('ckpt-*'))}"
@@ -203,7 +206,7 @@ def _judge(work: Path, killed: Path, control: Path, noise: float, restore: dict,
            log) -> dict:
     identical = bit_identical(work / "base1", killed)
     killed_diff = max_weight_diff(work / "base1", killed)
-    resumes = json.loads((current_slot(killed) / "train_state.json").read_text())["resumes"]
+    resumes = TrainState.read(current_slot(killed)).resumes
     gap, compared, excluded = loss_step(work / "base1", killed, log_every)
     log(f"[C] killed {kills}x, resumed {resumes}x: {'bit-identical' if identical else 'DIFFERENT'} to the "
         f"uninterrupted run (max |diff| {killed_diff:.3e}); [D] loss step {gap:.2e} over {len(compared)} "

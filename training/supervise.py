@@ -7,19 +7,18 @@ Where the OS offers it, the machine is kept awake: macOS `caffeinate -dimsu`, Li
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from hitoban.training.checkpoint import current_slot
+from hitoban.training.checkpoint import TrainState, current_slot
 
 
 def saved_step(run: Path) -> int:
     slot = current_slot(run)
-    return json.loads((slot / "train_state.json").read_text())["step"] if slot else -1
+    return TrainState.read(slot).step if slot else -1
 
 
 def keep_awake_prefix() -> list[str]:
