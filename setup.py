@@ -41,7 +41,10 @@ setup(
     extras_require={
         "dev": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "ruff>=0.6",
                 # the Hub test double, the Space client and browser tests
-                "fastapi>=0.110", "uvicorn>=0.29", "gradio_client>=1.0", "selenium>=4.20"],
+                "fastapi>=0.110", "uvicorn>=0.29", "gradio_client>=1.0", "selenium>=4.20",
+                # transformers' own common model tests (tests/test_transformers_common.py) import it
+                "parameterized>=0.9", "peft>=0.13"],
+        "lora": ["peft>=0.13"],  # hitoban sft/tone --lora
     },
     entry_points={"console_scripts": ["hitoban=hitoban.cli:main"]},
 )

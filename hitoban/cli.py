@@ -442,19 +442,34 @@ def _finetune_args(defaults: dict):
         p.add_argument("--max-assistant-chars", type=int, default=300, help="longer replies are dropped (3LM)")
         p.add_argument("--skip-bad", action="store_true", help="skip malformed lines (counted) instead of stopping")
         p.add_argument("--seed", type=int, default=1234, help="split, shuffling and initialisation of new weights")
+        p.add_argument("--lora", action="store_true",
+                       help="train a PEFT LoRA adapter instead of every weight; --out becomes the adapter folder "
+                            "(AutoPeftModelForCausalLM)")
+        p.add_argument("--lora-r", type=int, default=16, help="--lora: adapter rank")
+        p.add_argument("--lora-alpha", type=int, default=32, help="--lora: scaling numerator (alpha / r)")
+        p.add_argument("--lora-targets", default="qkv_proj,o_proj,gate_up_proj,down_proj",
+                       help="--lora: module names (hitoban fuses q/k/v into qkv_proj, gate/up into gate_up_proj)")
+        p.add_argument("--merge", action="store_true",
+                       help="--lora: write the merged model to --out and the adapter to --out/adapter")
     return add
 
 
 def _run_finetune(args, stage: str) -> int:
     from hitoban.training.chat_data import ChatFilterSettings
+    from hitoban.training.lora import LoraSettings
     from hitoban.training.sft import finetune
 
     filters = ChatFilterSettings(max_user_chars=args.max_user_chars, max_assistant_chars=args.max_assistant_chars,
                                  min_char_freq=args.min_char_freq)
+    if args.merge and not args.lora:
+        raise UsageError("--merge merges a LoRA adapter: add --lora")
+    lora = (LoraSettings(r=args.lora_r, alpha=args.lora_alpha,
+                         targets=tuple(t.strip() for t in args.lora_targets.split(",") if t.strip()))
+            if args.lora else None)
     finetune(args.base, args.data, args.out, lr=args.lr, epochs=args.epochs, max_steps=args.max_steps,
              batch_size=args.batch_size, grad_accum=args.grad_accum, warmup_ratio=args.warmup_ratio,
              val_frac=args.val_frac, exclude=args.exclude, seed=args.seed, filters=filters, skip_bad=args.skip_bad,
-             eval_steps=args.eval_steps, stage=stage)
+             eval_steps=args.eval_steps, stage=stage, lora=lora, merge=args.merge)
     return 0
 
 

@@ -32,6 +32,9 @@ def weights_sha256(model_dir: str | os.PathLike) -> str:
     single = model_dir / "model.safetensors"
     if single.exists():
         return sha256_file(single)
+    adapter = model_dir / "adapter_model.safetensors"  # a PEFT adapter folder: its weights are the adapter's
+    if adapter.exists():
+        return sha256_file(adapter)
     index = model_dir / "model.safetensors.index.json"
     if index.exists():
         shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))

@@ -6,13 +6,14 @@ works on any hitoban folder without remote code) and marks the classes for remot
 next to the weights: users without hitoban load the folder with `trust_remote_code=True`.
 """
 
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .configuration_hitoban import PRESETS, HitobanConfig
 from .modeling_hitoban import HitobanForCausalLM, HitobanModel, HitobanPreTrainedModel
 
 AutoConfig.register(HitobanConfig.model_type, HitobanConfig, exist_ok=True)
 AutoModelForCausalLM.register(HitobanConfig, HitobanForCausalLM, exist_ok=True)
+AutoModel.register(HitobanConfig, HitobanModel, exist_ok=True)
 HitobanConfig.register_for_auto_class()
 HitobanForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 

@@ -80,8 +80,6 @@ class HitobanConfig(PreTrainedConfig):
             )
         if (self.hidden_size // self.num_attention_heads) % 2:
             raise ValueError("head dim must be even: RoPE rotates pairs (i, i + head_dim/2)")
-        if not self.tie_word_embeddings:
-            raise ValueError("hitoban models always tie input and output embeddings (tie_word_embeddings=True)")
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> HitobanConfig:

@@ -36,7 +36,7 @@ def llama_config(config: HitobanConfig) -> LlamaConfig:
         max_position_embeddings=config.max_position_embeddings,
         rms_norm_eps=config.rms_norm_eps,
         rope_parameters={"rope_type": "default", "rope_theta": float(config.rope_theta)},
-        tie_word_embeddings=True,
+        tie_word_embeddings=config.tie_word_embeddings,
         attention_bias=False,
         mlp_bias=False,
         bos_token_id=config.bos_token_id,
@@ -46,10 +46,10 @@ def llama_config(config: HitobanConfig) -> LlamaConfig:
 
 
 def llama_state_dict(model: HitobanForCausalLM) -> dict[str, torch.Tensor]:
-    """Rename/split hitoban weights into Llama names (no lm_head: it is tied)."""
+    """Rename/split hitoban weights into Llama names (lm_head only when untied)."""
     out = {}
     for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight":
+        if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue
         if name.endswith("self_attn.qkv_proj.weight"):
             prefix = name[: -len("qkv_proj.weight")]
@@ -67,10 +67,11 @@ def llama_state_dict(model: HitobanForCausalLM) -> dict[str, torch.Tensor]:
 def to_llama(model: HitobanForCausalLM) -> LlamaForCausalLM:
     llama = LlamaForCausalLM(llama_config(model.config)).to(dtype=model.dtype).eval()
     missing, unexpected = llama.load_state_dict(llama_state_dict(model), strict=False)
-    missing = [k for k in missing if k != "lm_head.weight"]
+    missing = [k for k in missing if k != "lm_head.weight" or not model.config.tie_word_embeddings]
     if missing or unexpected:
         raise RuntimeError(f"Llama export mapping is incomplete: missing {missing}, unexpected {unexpected}")
-    llama.tie_weights()
+    if model.config.tie_word_embeddings:
+        llama.tie_weights()
     return llama
 
 

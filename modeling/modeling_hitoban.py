@@ -33,6 +33,22 @@ from .configuration_hitoban import HitobanConfig
 # transformers 5.24 renamed the cache kwarg/output field `past_key_values` -> `cache`. We accept both names on input
 # and fill whichever field this transformers' output class has, so remote code works on 5.23 and 5.24+.
 _CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+try:  # transformers' model contract (5.24): hidden states / attentions captured by hooks, tuple returns on request
+    from transformers.utils import can_return_tuple
+    from transformers.utils.output_capturing import capture_outputs
+except ImportError:  # older transformers: the model still runs, without these two conveniences
+    def can_return_tuple(func):
+        return func
+
+    capture_outputs = can_return_tuple
+if _CACHE_FIELD == "cache":  # 5.24's deprecation path for the old name: it still works, with a warning
+    from transformers.utils.deprecation import deprecate_kwarg
+
+    _renamed_cache = deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+else:
+    def _renamed_cache(func):
+        return func
 _LOSS_KWARGS = ("num_items_in_batch", "ignore_index", "shift_labels")
 
 
@@ -171,8 +187,8 @@ class HitobanAttention(nn.Module):
         attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
-        out, _ = attention(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, **kwargs)
-        return self.o_proj(out.reshape(batch, seq, -1))
+        out, weights = attention(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, **kwargs)
+        return self.o_proj(out.reshape(batch, seq, -1)), weights  # weights: for output_attentions (eager only)
 
 
 class HitobanMLP(nn.Module):
@@ -203,7 +219,8 @@ class HitobanDecoderLayer(GradientCheckpointingLayer):
         self.dropout = config.dropout
 
     def forward(self, hidden_states, attention_mask=None, position_embeddings=None, cache=None, **kwargs):
-        attn = self.self_attn(self.input_layernorm(hidden_states), position_embeddings, attention_mask, cache, **kwargs)
+        attn, _ = self.self_attn(self.input_layernorm(hidden_states), position_embeddings, attention_mask, cache,
+                                 **kwargs)
         hidden_states = hidden_states + _residual_dropout(attn, self.dropout, self.training)
         mlp = self.mlp(self.post_attention_layernorm(hidden_states))
         return hidden_states + _residual_dropout(mlp, self.dropout, self.training)
@@ -216,6 +233,9 @@ class HitobanPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["HitobanDecoderLayer"]
     _supports_sdpa = True
     _can_compile_fullgraph = True
+    _supports_attention_backend = True
+    # output_hidden_states / output_attentions: transformers records these modules' outputs (capture_outputs)
+    _can_record_outputs = {"hidden_states": HitobanDecoderLayer, "attentions": HitobanAttention}
 
     def _init_weights(self, module: nn.Module) -> None:
         """3LM's scheme (MLX defaults): Linear U(+-1/sqrt(fan_in)); embedding N(0, initializer_range); norms 1."""
@@ -240,6 +260,8 @@ class HitobanModel(HitobanPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
+    @_renamed_cache
+    @capture_outputs
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -248,12 +270,11 @@ class HitobanModel(HitobanPreTrainedModel):
         cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        past_key_values: Cache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
-        cache = cache if cache is not None else past_key_values
+        cache = cache if cache is not None else kwargs.pop("past_key_values", None)  # transformers < 5.24
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if self.gradient_checkpointing and self.training:
             use_cache = False  # recomputed layers must not append to a cache twice
@@ -276,17 +297,19 @@ class HitobanModel(HitobanPreTrainedModel):
 
 
 class HitobanForCausalLM(HitobanPreTrainedModel, GenerationMixin):
-    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
-    # The tied output is never saved; naming it here makes the Trainer re-tie it when it reloads the best
-    # checkpoint, instead of warning that `lm_head.weight` is missing.
-    _keys_to_ignore_on_save = ["lm_head.weight"]
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}  # applied when config.tie_word_embeddings
 
     def __init__(self, config: HitobanConfig):
         super().__init__(config)
         self.model = HitobanModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # A tied output is never saved; naming it makes the Trainer re-tie it when it reloads the best checkpoint,
+        # instead of warning that `lm_head.weight` is missing. An untied one is a weight of its own and is saved.
+        self._keys_to_ignore_on_save = ["lm_head.weight"] if config.tie_word_embeddings else None
         self.post_init()
 
+    @_renamed_cache
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -297,7 +320,6 @@ class HitobanForCausalLM(HitobanPreTrainedModel, GenerationMixin):
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        past_key_values: Cache | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """`labels` are unshifted token ids (-100 = ignored); `num_items_in_batch` (from Trainer) normalises the
@@ -307,7 +329,7 @@ class HitobanForCausalLM(HitobanPreTrainedModel, GenerationMixin):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            cache=cache if cache is not None else past_key_values,
+            cache=cache if cache is not None else kwargs.pop("past_key_values", None),
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             **kwargs,
@@ -321,7 +343,8 @@ class HitobanForCausalLM(HitobanPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = causal_lm_loss(logits, labels, **loss_kwargs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, **{_CACHE_FIELD: getattr(outputs, _CACHE_FIELD)})
+        return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
+                                      attentions=outputs.attentions, **{_CACHE_FIELD: getattr(outputs, _CACHE_FIELD)})
 
 
 __all__ = ["HitobanForCausalLM", "HitobanModel", "HitobanPreTrainedModel", "causal_lm_loss"]

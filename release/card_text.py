@@ -176,7 +176,10 @@ class CardText:
                 "                     repetition_penalty=1.15, eos_token_id=tok.convert_tokens_to_ids(\"<|end|>\"))",
                 "print(tok.decode(out[0, ids[\"input_ids\"].shape[1]:], skip_special_tokens=True))", "```", "",
                 "The architecture is Llama-compatible: `hitoban export-llama MODEL OUT` writes a `LlamaForCausalLM` "
-                "folder (checked logit-for-logit) that needs no remote code.", ""]
+                "folder (checked logit-for-logit) that needs no remote code.", "",
+                "LoRA with PEFT: hitoban fuses q/k/v into `qkv_proj` and gate/up into `gate_up_proj`, so use "
+                "`target_modules=[\"qkv_proj\", \"o_proj\", \"gate_up_proj\", \"down_proj\"]` (Llama's names would "
+                "adapt `o_proj` alone); `hitoban tone MODEL --lora` does this.", ""]
 
     def training(self) -> list[str]:
         run = self.data("run")

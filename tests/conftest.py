@@ -26,6 +26,18 @@ def network_available() -> bool:
         return False
 
 
+TRANSFORMERS_MARKERS = ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test",
+                        "torch_compile_test", "torch_export_test", "is_agent_test", "is_expert_parallel_test",
+                        "is_fsdp_test", "is_pipeline_test", "is_staging_test", "is_tensor_parallel_test",
+                        "is_training_test", "order")
+
+
+def pytest_configure(config):
+    """The markers transformers' own test files (tests/test_transformers_common.py) put on their tests."""
+    for name in TRANSFORMERS_MARKERS:
+        config.addinivalue_line("markers", f"{name}: used by transformers' common model tests")
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `network` need the Hugging Face Hub; they skip cleanly on offline machines (and in CI)."""
     if any("network" in item.keywords for item in items) and not network_available():

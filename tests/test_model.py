@@ -36,10 +36,10 @@ def test_presets_accept_overrides_and_reject_unknown_names():
         HitobanConfig.from_preset("huge")
 
 
-@pytest.mark.parametrize("bad", [dict(hidden_size=100, num_attention_heads=8), dict(tie_word_embeddings=False),
+@pytest.mark.parametrize("bad", [dict(hidden_size=100, num_attention_heads=8),
                                  dict(hidden_size=12, num_attention_heads=4)])
 def test_config_rejects_impossible_shapes(bad):
-    with pytest.raises(Exception, match="multiple|tie|even"):
+    with pytest.raises(Exception, match="multiple|even"):
         HitobanConfig(**bad)
 
 
@@ -228,3 +228,35 @@ def test_dropout_is_active_only_in_training():
     assert not torch.equal(model(ids).logits, model(ids).logits)
     model.eval()
     assert torch.equal(model(ids).logits, model(ids).logits)
+
+
+def test_untied_embeddings_when_asked_save_and_load_their_own_output(tmp_path):
+    config = HitobanConfig.from_preset("tiny", vocab_size=256, tie_word_embeddings=False)
+    model = HitobanForCausalLM(config)
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+    with torch.no_grad():
+        model.lm_head.weight.add_(0.5)  # the output differs from the embedding for real
+    model.save_pretrained(tmp_path)
+    again = HitobanForCausalLM.from_pretrained(tmp_path)
+    assert torch.equal(again.lm_head.weight, model.lm_head.weight)
+    assert not torch.equal(again.lm_head.weight, again.model.embed_tokens.weight)
+    tied = HitobanForCausalLM(HitobanConfig.from_preset("tiny", vocab_size=256))  # the default stays tied
+    assert tied.lm_head.weight.data_ptr() == tied.model.embed_tokens.weight.data_ptr()
+    assert sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in tied.parameters()) == 256 * 64
+
+
+def test_tuple_returns_hidden_states_attentions_and_the_old_cache_name():
+    model = HitobanForCausalLM(HitobanConfig.from_preset("tiny", vocab_size=256)).eval()
+    model.set_attn_implementation("eager")  # SDPA computes no attention weights
+    ids = torch.randint(0, 256, (2, 9))
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True, output_attentions=True)
+        assert len(out.hidden_states) == model.config.num_hidden_layers + 1
+        assert out.attentions[0].shape == (2, model.config.num_attention_heads, 9, 9)
+        as_tuple = model(ids, return_dict=False)
+        assert isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], out.logits)
+        cache = model(ids[:, :5], use_cache=True).cache
+        with pytest.warns(FutureWarning, match="past_key_values"):
+            step = model(ids[:, 5:6], past_key_values=cache)
+        full = model(ids[:, :6]).logits[:, -1]
+    assert torch.allclose(step.logits[:, -1], full, atol=1e-5)  # the old name still feeds the cache

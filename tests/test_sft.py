@@ -227,3 +227,44 @@ def test_readme_trainer_snippet_runs_as_written(pretrained, tmp_path):
                          timeout=600, stdin=subprocess.DEVNULL)
     assert run.returncode == 0, run.stderr[-3000:]
     assert (tmp_path / "tone" / "model.safetensors").exists() and (tmp_path / "tone" / "tokenizer.json").exists()
+
+
+# ------------------------------------------------------------------------------------------------ LoRA (PEFT)
+
+def test_llama_style_lora_targets_are_refused_with_hitobans_names(tiny_model):
+    from peft import LoraConfig, get_peft_model
+
+    from hitoban.errors import UsageError
+    from hitoban.training.lora import HITOBAN_TARGETS, check_targets
+
+    llama_names = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    with pytest.raises(UsageError, match=r"q_proj, v_proj.*Llama's names.*qkv_proj"):
+        check_targets(tiny_model, llama_names)
+    check_targets(tiny_model, HITOBAN_TARGETS)
+    # the trap the check exists for: PEFT alone takes Llama's names and quietly adapts o_proj only
+    adapted = get_peft_model(tiny_model, LoraConfig(target_modules=llama_names, task_type="CAUSAL_LM"))
+    kinds = {name.split(".")[-1] for name, module in adapted.named_modules() if hasattr(module, "lora_A")}
+    assert kinds == {"o_proj"}
+
+
+def test_lora_tone_trains_saves_reloads_and_merges(pretrained, chats, tmp_path):
+    from peft import AutoPeftModelForCausalLM
+
+    from hitoban.training.lora import LoraSettings
+
+    out = tmp_path / "tone"
+    summary = finetune(pretrained, [chats], out, max_steps=8, eval_steps=4, batch_size=8, stage="tone",
+                       lora=LoraSettings(r=8, alpha=16), merge=True, quiet=True)
+    assert summary["lora"]["targets"] == ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+    assert (out / "adapter" / "adapter_config.json").exists() and (out / "model.safetensors").exists()
+    ids = torch.tensor([[5, 17, 42, 7, 99, 3]])
+    with torch.no_grad():
+        adapter = AutoPeftModelForCausalLM.from_pretrained(out / "adapter").eval()
+        merged = AutoModelForCausalLM.from_pretrained(out).eval()
+        base = AutoModelForCausalLM.from_pretrained(pretrained).eval()
+        via_adapter, via_merged, via_base = (m(ids).logits for m in (adapter, merged, base))
+    assert (via_adapter - via_merged).abs().max() < 1e-5  # merging changes nothing the adapter computes
+    assert (via_adapter - via_base).abs().max() > 1e-4  # and the adapter learned something (not a no-op)
+    lineage = json.loads((out / "adapter" / "lineage.json").read_text()) if (
+        out / "adapter" / "lineage.json").exists() else json.loads((out / "lineage.json").read_text())
+    assert lineage["base"]["folder"] == pretrained.name

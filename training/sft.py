@@ -19,6 +19,7 @@ from transformers import DataCollatorForSeq2Seq
 from hitoban.errors import InputError
 from hitoban.provenance import sha256_file, write_lineage
 from hitoban.training.chat_data import ChatFilter, ChatFilterSettings, read_conversations, read_holdout_pairs
+from hitoban.training.lora import LoraSettings, save_adapter_and_merged, with_adapter
 
 CHECK_CONVERSATIONS = [
     [{"role": "user", "content": "こんにちは"}, {"role": "assistant", "content": "こんにちは！今日はどうしましたか？"}],
@@ -112,8 +113,10 @@ def finetune(base: str | Path, data: list[str | Path], out: str | Path, *, lr: f
              val_frac: float = 0.01, exclude: list[str | Path] | None = None, seed: int = 1234,
              filters: ChatFilterSettings | None = None, skip_bad: bool = False, eval_steps: int = 200,
              save_total_limit: int = 2, stage: str = "sft", resume: bool = True, quiet: bool = False,
-             log=print) -> dict:
-    """Trainer fine-tune of a `from_pretrained` hitoban folder on chat files; writes `out` + `out/summary.json`."""
+             lora: LoraSettings | None = None, merge: bool = False, log=print) -> dict:
+    """Trainer fine-tune of a `from_pretrained` hitoban folder on chat files; writes `out` + `out/summary.json`.
+    With `lora`, only a PEFT adapter trains and `out` is the adapter folder (with `merge`: the merged model, the
+    adapter in `out/adapter`)."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
@@ -135,6 +138,8 @@ def finetune(base: str | Path, data: list[str | Path], out: str | Path, *, lr: f
         raise MaskError(f"only {len(kept)} conversations survive the filters; nothing to train on")
     model = AutoModelForCausalLM.from_pretrained(base)
     max_length = model.config.max_position_embeddings
+    if lora is not None:
+        model = with_adapter(model, lora)
     examples = [build_example(tok, m, max_length) for m in kept]
     order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed)).tolist()
     n_val = max(1, int(len(examples) * val_frac))
@@ -164,7 +169,10 @@ def finetune(base: str | Path, data: list[str | Path], out: str | Path, *, lr: f
     checkpoints = sorted((out / "trainer").glob("checkpoint-*")) if resume else []
     trainer.train(resume_from_checkpoint=str(checkpoints[-1]) if checkpoints else None)
     final_eval = trainer.evaluate()
-    trainer.save_model(str(out))  # the best model (load_best_model_at_end) + tokenizer, from_pretrained-ready
+    if lora is None:
+        trainer.save_model(str(out))  # the best model (load_best_model_at_end) + tokenizer, from_pretrained-ready
+    elif trainer.is_world_process_zero():
+        save_adapter_and_merged(trainer.model, tok, out, merge)
     history = [h for h in trainer.state.log_history if "eval_loss" in h]
     best = min(history, key=lambda h: h["eval_loss"]) if history else {"eval_loss": final_eval["eval_loss"],
                                                                         "step": trainer.state.global_step}
@@ -173,7 +181,9 @@ def finetune(base: str | Path, data: list[str | Path], out: str | Path, *, lr: f
                "counted_ratio": round(counted / tokens, 4), "best_val_loss": best["eval_loss"],
                "best_step": best["step"], "first_val_loss": history[0]["eval_loss"] if history else None,
                "steps": trainer.state.global_step, "lr": lr, "epochs": epochs, "resumed": bool(checkpoints),
-               "filters": chat_filter.report(), "read": read_info, "seconds": round(time.time() - started, 1)}
+               "filters": chat_filter.report(), "read": read_info, "seconds": round(time.time() - started, 1),
+               "lora": ({"r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout, "targets": list(lora.targets),
+                         "merged": merge} if lora is not None else None)}
     data_files = [{"name": Path(path).name, "sha256": sha256_file(path)} for path in data]
     summary.update({"kind": f"{stage}-summary", "data": data_files})
     if trainer.is_world_process_zero():  # under DDP every process gets here; one writes
