@@ -215,10 +215,12 @@ class Run:
 def pretrain(cfg: PretrainConfig) -> dict:
     """Run (or resume) pretraining; returns the summary. Raises TrainingDiverged / CheckpointError on failure."""
     reset_accelerate_state()
+    deterministic = torch.are_deterministic_algorithms_enabled()
     try:
         return train_night(setup(cfg))
     finally:
         reset_accelerate_state()  # leave the process as clean as it was found, also after a failure
+        torch.use_deterministic_algorithms(deterministic)
 
 
 def _check_options(cfg: PretrainConfig, world: int) -> None:
@@ -312,6 +314,10 @@ def setup(cfg: PretrainConfig) -> Run:
         if torch.is_tensor(param_state.get("step")):  # there costs a host sync per parameter per step
             param_state["step"] = param_state["step"].cpu()
     unwrapped = accelerator.unwrap_model(model)
+    if compiled and device.type == "cpu":
+        # Inductor's CPU kernels reduce in a nondeterministic order unless asked (two compiled runs differed by ~6e-5);
+        # with deterministic algorithms they are bit-exact, so a compiled night resumes exactly, as an eager one.
+        torch.use_deterministic_algorithms(True)
     train_model = torch.compile(model) if compiled else model  # shares the parameters; saving sees plain names
     if accelerator.is_main_process:
         print(f"# torch.compile: {'on' if compiled else 'off'} ({why})", flush=True)
