@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -57,8 +58,11 @@ def test_every_verb_explains_itself(verb, capsys):
 
 
 def test_console_script_is_installed():
-    run = subprocess.run([sys.executable, "-m", "hitoban.cli", "--version"], capture_output=True, text=True)
-    assert run.returncode == 0 and run.stdout.startswith("hitoban ")
+    """The `hitoban` script pip installed (next to this Python), not `python -m hitoban.cli`."""
+    script = Path(sys.executable).parent / "hitoban"
+    assert script.exists(), f"no console script at {script}: is the package installed (pip install -e .)?"
+    run = subprocess.run([str(script), "--version"], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.startswith("hitoban "), run.stderr[-2000:]
 
 
 def test_non_editable_install_has_every_area_package_and_the_builtin_text(tmp_path):
