@@ -11,8 +11,10 @@ both alike. Absolute numbers swing between runs: read the ratios.
     python benchmarks/bench_model.py --preset 3lm --batch 32 --ctx 512 --compile   # a GPU (CUDA or MPS): same script
 
 The device is CUDA, else MPS, else the CPU (`--device` to choose). `--compile` adds torch.compile rows for both
-models. The last row compares hitoban in the machine's default precision (`--precision auto`) with Llama eager fp32:
-what a night gains over a plain Trainer run on the same machine.
+models. The row "hitoban default vs llama fp32" compares hitoban in the machine's default precision (`--precision
+auto`) with Llama eager fp32: what a night gains over a plain Trainer run on the same machine. The row "chat decode
+vs generate b1" puts hitoban's chat loop (column: hitoban) against `generate` on the same hitoban model (column:
+llama).
 """
 
 from __future__ import annotations
@@ -250,6 +252,33 @@ def main() -> None:
         tok_s = {n: batch * args.new_tokens / t for n, t in best.items()}
         rows.append({"row": f"greedy generate batch {batch}", "unit": "tok/s", **tok_s, "ratio": ratio})
 
+    # hitoban's chat loop (evaluation.generation.decode: same tokens as generate, tested) against generate, batch 1
+    from transformers import LogitsProcessorList
+
+    from hitoban.evaluation.generation import decode
+
+    prompt = torch.randint(4, config.vocab_size, (1, 16), device=DEVICE)
+
+    @torch.no_grad()
+    def time_decode():
+        sync()
+        start = time.perf_counter()
+        decode(ours, prompt, LogitsProcessorList(), False, [], args.new_tokens)
+        sync()
+        return time.perf_counter() - start
+
+    best, ratio = alternate({"hitoban": time_decode, "llama": lambda: time_generate(ours, prompt, args.new_tokens)},
+                            args.repeats)
+    rows.append({"row": "chat decode vs generate b1", "unit": "tok/s", "hitoban": args.new_tokens / best["hitoban"],
+                 "llama": args.new_tokens / best["llama"], "ratio": ratio})
+    if default == "bf16":  # `hitoban chat` loads bf16 weights here: against plain fp32 generate
+        fp32_generate = args.new_tokens / best["llama"]
+        ours.to(torch.bfloat16)
+        best_bf16, _ = alternate({"hitoban": time_decode, "llama": time_decode}, max(2, args.repeats // 2))
+        ours.to(torch.float32)
+        rows.append({"row": "chat bf16 vs generate fp32 b1", "unit": "tok/s",
+                     "hitoban": args.new_tokens / best_bf16["hitoban"], "llama": fp32_generate,
+                     "ratio": fp32_generate and (args.new_tokens / best_bf16["hitoban"]) / fp32_generate})
     # The peak is the best of a measurement before and after the rows: a busy moment must not inflate MFU.
     for precision in precisions:
         fresh = matmul_peak(torch.float32 if precision == "fp32" else torch.bfloat16)

@@ -24,12 +24,15 @@ from hitoban.training.checkpoint import TrainState, load_checkpoint, save_checkp
 from hitoban.training.data import ShardReader
 from hitoban.training.hardware import default_precision
 from hitoban.training.loop import reset_accelerate_state, train_step
-from hitoban.training.optim import AdamW
+from hitoban.training.optim import AdamW, build_optimizer
+from hitoban.training.options import DEFAULT_LR
 from hitoban.training.pretrain import PretrainConfig, evaluate, pretrain
 
 
-def bare_tok_s(data: str, preset: str, steps: int, batch: int, context: int, precision: str) -> float:
-    """The training step alone (`loop.train_step`: forward, backward, clip, fused AdamW) in the loop's precision."""
+def bare_tok_s(data: str, preset: str, steps: int, batch: int, context: int, precision: str,
+               optimizer_name: str) -> float:
+    """The training step alone (`loop.train_step`: forward, backward, clip, update) in the loop's precision, with
+    the loop's optimizer."""
     from accelerate import Accelerator
 
     reset_accelerate_state()
@@ -38,7 +41,7 @@ def bare_tok_s(data: str, preset: str, steps: int, batch: int, context: int, pre
     config = HitobanConfig.from_preset(preset, vocab_size=reader.vocab_size)
     torch.manual_seed(0)
     model = HitobanForCausalLM(config).train()
-    optimizer = AdamW(model.parameters())
+    optimizer = build_optimizer(model, optimizer_name, DEFAULT_LR[optimizer_name])  # what the loop runs
     start = None
     for step in range(steps + 2):
         if step == 2:
@@ -48,13 +51,14 @@ def bare_tok_s(data: str, preset: str, steps: int, batch: int, context: int, pre
     return steps * batch * context / (time.perf_counter() - start)
 
 
-def loop_tok_s(data: str, preset: str, steps: int, batch: int, context: int, precision: str, work: Path) -> float:
+def loop_tok_s(data: str, preset: str, steps: int, batch: int, context: int, precision: str, optimizer_name: str,
+               work: Path) -> float:
     """The whole loop at its default cadence (a log window of `steps`, heartbeat, signals, schedule); the second
     window is timed, so start-up and the first steps are not counted. Evaluation and saves are amortised apart."""
     run = work / f"run-{time.time_ns()}"
     pretrain(PretrainConfig(data=data, out=str(run), preset=preset, steps=2 * steps, batch_size=batch,
                             context=context, log_every=steps, eval_every=10**9, progress=False, cpu=True,
-                            precision=precision, compile="off"))
+                            precision=precision, compile="off", optimizer=optimizer_name))
     records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
     shutil.rmtree(run)
     return [r for r in records if r["type"] == "train"][1]["tok_per_sec"]
@@ -105,18 +109,22 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--precision", default=default_precision("cpu"), help="default: this CPU's auto choice")
+    parser.add_argument("--optimizer", default=PretrainConfig.optimizer, help="the same for the loop and the bare step")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hitoban-bench-train-"))
     bare, loop = [], []
     for _ in range(args.rounds):
-        bare.append(bare_tok_s(args.data, args.preset, args.steps, args.batch, args.context, args.precision))
-        loop.append(loop_tok_s(args.data, args.preset, args.steps, args.batch, args.context, args.precision, work))
+        bare.append(bare_tok_s(args.data, args.preset, args.steps, args.batch, args.context, args.precision,
+                               args.optimizer))
+        loop.append(loop_tok_s(args.data, args.preset, args.steps, args.batch, args.context, args.precision,
+                               args.optimizer, work))
     step_seconds = args.batch * args.context / max(bare)
     evaluation = eval_seconds(args.data, args.preset, args.batch, args.context, args.precision) / (500 * step_seconds)
     cost = checkpoint_cost(work)
     saving = cost["save_seconds"] / 600
     loop_overhead = 1 - max(loop) / max(bare)
     print(f"preset {args.preset}, batch {args.batch} x ctx {args.context}, precision {args.precision}, "
+          f"optimizer {args.optimizer}, "
           f"{args.steps} timed steps x {args.rounds} rounds")
     print(f"bare training step      {max(bare):>10,.0f} tok/s")
     print(f"hitoban pretrain loop   {max(loop):>10,.0f} tok/s   overhead {loop_overhead:+.1%} (log window "

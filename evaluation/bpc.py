@@ -110,9 +110,10 @@ def bits_per_char(model, tokenizer, text: str, name: str = "text", max_chars: in
     return _record(name, nats, marker_tokens, chars, window)
 
 
-def load_model_and_tokenizer(path: str | Path, device: str | torch.device | None = None):
-    """A `from_pretrained` folder with its tokenizer, on `device` (default: the best one); a folder without a
-    tokenizer is a clear error."""
+def load_model_and_tokenizer(path: str | Path, device: str | torch.device | None = None,
+                             dtype: torch.dtype | None = None):
+    """A `from_pretrained` folder with its tokenizer, on `device` (default: the best one), in `dtype` (default:
+    as saved, fp32); a folder without a tokenizer is a clear error."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import hitoban.modeling  # noqa: F401  (registers the Auto classes)
@@ -124,6 +125,8 @@ def load_model_and_tokenizer(path: str | Path, device: str | torch.device | None
     if not (path / "tokenizer.json").exists():
         raise BpcError(f"{path}: no tokenizer.json; bits/char needs the model's own tokenizer next to the weights")
     model = AutoModelForCausalLM.from_pretrained(path).to(device or device_for()).eval()
+    if dtype is not None:
+        model = model.to(dtype)
     return model, AutoTokenizer.from_pretrained(path)
 
 

@@ -123,6 +123,36 @@ def sampling_processors(prompt_length: int, settings: dict) -> tuple[LogitsProce
 
 
 @torch.no_grad()
+@torch.no_grad()
+def decode(model, ids: torch.Tensor, processors: LogitsProcessorList, sample: bool, stops: list[int],
+           max_new_tokens: int, streamer=None) -> torch.Tensor:
+    """`generate()`'s sampling loop for one sequence, without its per-step machinery (stopping criteria, input
+    preparation, mask rebuilding): the same float32 scores, the same processors, the same `multinomial` draws in
+    the same order, so greedy tokens and seeded samples are identical (tested). Returns prompt + new tokens."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    sequence = ids.to(model.device)
+    if streamer is not None:
+        streamer.put(sequence.cpu())
+    logits = model(sequence, cache=cache, use_cache=True, logits_to_keep=1).logits
+    for _ in range(max_new_tokens):
+        scores = processors(sequence, logits[:, -1, :].to(dtype=torch.float32, copy=True))
+        if sample:
+            token = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1)
+        else:
+            token = scores.argmax(dim=-1, keepdim=True)
+        sequence = torch.cat([sequence, token], dim=-1)
+        if streamer is not None:
+            streamer.put(token.cpu())
+        if int(token) in stops:
+            break
+        logits = model(token, cache=cache, use_cache=True).logits
+    if streamer is not None:
+        streamer.end()
+    return sequence
+
+
 def reply(model, tokenizer, history: list[dict], settings: dict, streamer=None) -> tuple[str, bool]:
     """One chat reply for `history` (ending with a user turn); returns (text, truncated). Temperature <= 0: greedy."""
     ids = tokenizer.apply_chat_template(history, add_generation_prompt=True, return_tensors="pt",
@@ -131,9 +161,7 @@ def reply(model, tokenizer, history: list[dict], settings: dict, streamer=None) 
     ids = ids[:, -max(room, 16):]
     stops = [tokenizer.convert_tokens_to_ids(t) for t in ("<|end|>", "<|user|>")]
     processors, flags = sampling_processors(ids.shape[1], settings)
-    out = model.generate(ids.to(model.device), attention_mask=torch.ones_like(ids).to(model.device),
-                         max_new_tokens=settings["max_new_tokens"], logits_processor=processors, eos_token_id=stops,
-                         pad_token_id=stops[0], streamer=streamer, **flags)
+    out = decode(model, ids, processors, flags["do_sample"], stops, settings["max_new_tokens"], streamer)
     new = out[0, ids.shape[1]:].tolist()
     truncated = len(new) >= settings["max_new_tokens"] and not (new and new[-1] in stops)
     return tokenizer.decode(new, skip_special_tokens=True), truncated

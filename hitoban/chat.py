@@ -78,10 +78,24 @@ def chat_loop(model, tokenizer, read_line: Callable[[], str | None], write: Call
             write("\n")
 
 
-def run_chat(model_dir: str) -> None:
-    from hitoban.evaluation.bpc import load_model_and_tokenizer
+def chat_dtype(precision: str, device_type: str):
+    """bf16 weights where the hardware multiplies bf16 natively: decoding one token reads every weight once, so
+    half the bytes is about twice the tokens per second (3lm on 2 AVX512-BF16 cores: 60 -> 125 tok/s). Replies
+    then come from the bf16 model (`--precision no` keeps fp32)."""
+    import torch
 
-    model, tok = load_model_and_tokenizer(model_dir)
+    from hitoban.training.hardware import default_precision
+
+    chosen = default_precision(device_type) if precision == "auto" else precision
+    return torch.bfloat16 if chosen == "bf16" else None
+
+
+def run_chat(model_dir: str, precision: str = "auto") -> None:
+    from hitoban.evaluation.bpc import load_model_and_tokenizer
+    from hitoban.training.hardware import device_for
+
+    device = device_for()
+    model, tok = load_model_and_tokenizer(model_dir, device, chat_dtype(precision, device.type))
 
     def read_line():
         try:
