@@ -164,6 +164,7 @@ def test_watch_renders_progress_stale_and_finished_states(tmp_path):
     assert main(["watch", str(tmp_path), "--once"]) == 0
 
 
+@pytest.mark.slow  # ~10-13 s: keeps the fast tier under 3 minutes
 def test_supervise_stops_on_a_crash_loop_and_returns_success(tiny_shards, tmp_path):
     assert keep_awake_prefix() in ([], ["systemd-inhibit", "--what=sleep:idle", "--who=hitoban",
                                         "--why=overnight pretraining"])
@@ -408,6 +409,7 @@ def test_killtest_with_muon_and_wsd(tiny_shards, tmp_path):
     assert result["killed_bit_identical"] and result["fingerprint"]["optimizer"] == "muon"
 
 
+@pytest.mark.slow  # ~10-13 s: keeps the fast tier under 3 minutes
 def test_hours_sizes_the_budget_by_measurement_and_a_resume_keeps_it(tiny_shards, tmp_path, capsys):
     run = tmp_path / "run"
     cfg = PretrainConfig(**{**config(tiny_shards, run).__dict__, "steps": None, "hours": 0.0005, "eval_every": 10**6,
