@@ -179,7 +179,7 @@ def self_kill(killed: Path, kills: int, log_every: int, pretrain, first_copy: Pa
                 try:  # kill inside a save that has a complete checkpoint before it (needed by the control)
                     if int((killed / "SAVING").read_text()) > 5:
                         break
-                except ValueError:
+                except (ValueError, FileNotFoundError):  # half-written, or the save ended between the two looks
                     pass
             if not mid_save and (killed / "log.jsonl").exists():
                 steps_logged, _ = train_losses(killed)
