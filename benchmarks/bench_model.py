@@ -29,16 +29,13 @@ import torch
 
 from hitoban import HitobanConfig, HitobanForCausalLM
 from hitoban.modeling.export_llama import to_llama
+from hitoban.training.hardware import synchronize
 
 DEVICE = torch.device("cpu")
 
 
 def sync() -> None:
-    """Wait for the device: CUDA and MPS run asynchronously, so a clock read without this times the queueing."""
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize(DEVICE)
-    elif DEVICE.type == "mps":
-        torch.mps.synchronize()
+    synchronize(DEVICE)
 
 
 def matmul_peak(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:

@@ -421,6 +421,8 @@ def _check_mask(args) -> int:
 
 def _finetune_args(defaults: dict):
     def add(p):
+        from hitoban.training.lora import LoraSettings
+
         p.add_argument("base", help="a from_pretrained hitoban folder (its tokenizer is reused)")
         p.add_argument("--data", nargs="+", required=True, help="chat files: .jsonl (messages or user/assistant), "
                                                                  ".tsv (user<TAB>assistant), .txt (3LM line format)")
@@ -445,9 +447,10 @@ def _finetune_args(defaults: dict):
         p.add_argument("--lora", action="store_true",
                        help="train a PEFT LoRA adapter instead of every weight; --out becomes the adapter folder "
                             "(AutoPeftModelForCausalLM)")
-        p.add_argument("--lora-r", type=int, default=16, help="--lora: adapter rank")
-        p.add_argument("--lora-alpha", type=int, default=32, help="--lora: scaling numerator (alpha / r)")
-        p.add_argument("--lora-targets", default="qkv_proj,o_proj,gate_up_proj,down_proj",
+        p.add_argument("--lora-r", type=int, default=LoraSettings.r, help="--lora: adapter rank")
+        p.add_argument("--lora-alpha", type=int, default=LoraSettings.alpha,
+                       help="--lora: scaling numerator (alpha / r)")
+        p.add_argument("--lora-targets", default=",".join(LoraSettings.targets),
                        help="--lora: module names (hitoban fuses q/k/v into qkv_proj, gate/up into gate_up_proj)")
         p.add_argument("--merge", action="store_true",
                        help="--lora: write the merged model to --out and the adapter to --out/adapter")

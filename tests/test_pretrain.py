@@ -340,7 +340,7 @@ def test_resume_refuses_a_changed_option_and_names_it(tiny_shards, tmp_path):
 def test_ranks_with_skewed_clocks_stop_together(tiny_shards, tmp_path):
     """Each rank used to decide --max-hours from its own clock: rank 1 (clock 28 h ahead) stopped and saved while
     rank 0 went on training, and both waited forever in different collectives. The decision is now shared."""
-    from hitoban.training.pretrain import CLOCK_SKEW_ENV
+    from hitoban.training.loop import CLOCK_SKEW_ENV
 
     args = ["pretrain", "--data", str(tiny_shards), "--preset", "tiny", "--context", "64", "--steps", "12",
             "--batch-size", "8", "--eval-every", "100", "--no-progress", "--cpu", "--max-hours", "1",
@@ -352,7 +352,7 @@ def test_ranks_with_skewed_clocks_stop_together(tiny_shards, tmp_path):
 
 
 def test_an_fp16_overflow_is_a_skipped_step_not_divergence():
-    from hitoban.training.pretrain import step_outcome
+    from hitoban.training.loop import step_outcome
 
     assert step_outcome(2.5, 1.3, fp16=False, skipped_in_a_row=0) == "ok"
     assert step_outcome(2.5, float("inf"), fp16=True, skipped_in_a_row=0) == "skipped"  # the scaler's job

@@ -8,7 +8,6 @@ its exact `hitoban pretrain` command is printed.
 
 from __future__ import annotations
 
-import json
 import platform
 import resource
 import time
@@ -18,19 +17,11 @@ import numpy as np
 import torch
 
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
-from hitoban.training.hardware import check_precision, default_precision, device_for
+from hitoban.training.hardware import check_precision, default_precision, device_for, measured_once, synchronize
 from hitoban.training.loop import reset_accelerate_state, train_step
 from hitoban.training.optim import build_optimizer
 
 DEFAULT_CANDIDATES = ["tiny:8", "small:16", "3lm:24", "3lm:32", "3lm:48", "zxell-s:16"]
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued kernels: CUDA and MPS run asynchronously, so a clock read without this times the queueing."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
 
 
 def memory_gb(device: torch.device) -> tuple[float, str]:
@@ -98,20 +89,16 @@ def compile_gain(preset: str, batch: int, vocab_size: int, context: int, acceler
     key = (f"{accelerator.device.type}|{platform.processor() or platform.machine()}|{torch.get_num_threads()} "
            f"threads|torch {torch.__version__}|{preset} b{batch} ctx{context} vocab{vocab_size}|"
            f"{accelerator.mixed_precision}|{optimizer}")
-    cached = json.loads(cache.read_text()) if cache.exists() else {}
-    if key not in cached:
+
+    def measure_both() -> dict:
         log(f"# measuring torch.compile on this machine once ({preset} b{batch}); cached in {cache}")
         eager = measure(preset, batch, vocab_size, context, 5, 2, accelerator, data, 30, optimizer_name=optimizer)
         compiled = measure(preset, batch, vocab_size, context, 5, 2, accelerator, data, 30, compiled=True,
                            optimizer_name=optimizer)
-        cached[key] = {"eager_step_s": eager["step_seconds"], "compiled_step_s": compiled["step_seconds"],
-                       "compile_s": max(0.0, compiled["warmup_seconds"] - eager["warmup_seconds"])}
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps(cached, indent=2))
-        except OSError:
-            pass  # a read-only home only costs a re-measurement next time
-    return cached[key]
+        return {"eager_step_s": eager["step_seconds"], "compiled_step_s": compiled["step_seconds"],
+                "compile_s": max(0.0, compiled["warmup_seconds"] - eager["warmup_seconds"])}
+
+    return measured_once(cache, key, measure_both)
 
 
 def time_steps(step, first: int, steps: int, device: torch.device, max_seconds: float) -> list[float]:

@@ -60,10 +60,33 @@ def flops_per_token(config, context: int) -> float:
     return 6 * params + 12 * layers * width * context
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for queued kernels: CUDA and MPS run asynchronously, so a clock read without this times the queueing."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def measured_once(cache: Path, key: str, measure):
+    """`measure()`'s result for `key`, measured on the first call and kept in the JSON file `cache` (a read-only
+    home only costs a re-measurement next time)."""
+    import json
+
+    cached = json.loads(cache.read_text()) if cache.exists() else {}
+    if key not in cached:
+        cached[key] = measure()
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps(cached, indent=2))
+        except OSError:
+            pass
+    return cached[key]
+
+
 def matmul_peak(device: torch.device, precision: str, cache: Path = PEAK_CACHE) -> tuple[float, str]:
     """(FLOP/s, where the number comes from): a known GPU's published bf16 peak, else the best of a few large
     matmuls timed once on this machine and cached (same device, dtype and torch)."""
-    import json
     import platform
     import time
 
@@ -75,30 +98,22 @@ def matmul_peak(device: torch.device, precision: str, cache: Path = PEAK_CACHE) 
                 return peak, f"published bf16 peak of {name}"
     machine = (torch.cuda.get_device_name(device) if device.type == "cuda"
                else platform.processor() or platform.machine())
-    key = f"{device.type}|{machine}|{dtype}|{torch.get_num_threads()} threads|torch {torch.__version__}"
-    cached = json.loads(cache.read_text()) if cache.exists() else {}
-    if key not in cached:
+
+    def measure() -> float:
         size = 2048 if device.type == "cpu" else 8192
         a = torch.randn(size, size, device=device, dtype=dtype)
         b = torch.randn(size, size, device=device, dtype=dtype)
         best = float("inf")
         for _ in range(4):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+            synchronize(device)
             start = time.perf_counter()
             a @ b
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            elif device.type == "mps":
-                torch.mps.synchronize()
+            synchronize(device)
             best = min(best, time.perf_counter() - start)
-        cached[key] = 2 * size**3 / best
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps(cached, indent=2))
-        except OSError:
-            pass  # a read-only home only costs a re-measurement next time
-    return cached[key], f"measured {dtype} matmul peak of this machine"
+        return 2 * size**3 / best
+
+    key = f"{device.type}|{machine}|{dtype}|{torch.get_num_threads()} threads|torch {torch.__version__}"
+    return measured_once(cache, key, measure), f"measured {dtype} matmul peak of this machine"
 
 
 def available_memory_bytes(device: torch.device) -> int | None:

@@ -119,7 +119,7 @@ class Monitor:
         """Model FLOPs utilisation: the FLOPs the model needs per second over what the hardware can do."""
         return tok_per_sec * self.token_flops / self.peak_flops
 
-    def on_step(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, accelerator) -> None:
+    def on_step(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
         """Record a finished step without reading the device. Under fp16 the gradient scaler has read it already
         (a skipped update is normal there), so its verdict is taken per step."""
         if self.fp16:

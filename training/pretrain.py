@@ -51,14 +51,11 @@ from hitoban.training.hardware import (
     matmul_peak,
 )
 from hitoban.training.loop import (
-    CLOCK_SKEW_ENV,
     CheckpointPolicy,
     Monitor,
     TrainingDiverged,
     clock_skew,
     reset_accelerate_state,
-    shared_any,
-    step_outcome,
     train_step,
     write_json_atomic,
 )
@@ -104,8 +101,8 @@ def steps_for_hours(cfg: PretrainConfig, run: Path, accelerator, train: ShardRea
     from hitoban.training.calibrate import measure
 
     slot = current_slot(run) if cfg.resume == "auto" and run.exists() else None
-    if slot is not None and "total_steps" in TrainState.read(slot).fingerprint:
-        steps = TrainState.read(slot).fingerprint["total_steps"]
+    steps = TrainState.read(slot).fingerprint.get("total_steps") if slot is not None else None
+    if steps is not None:
         print(f"# --hours: keeping this run's budget of {steps:,} steps", flush=True)
         return steps
     world = accelerator.num_processes
@@ -408,7 +405,7 @@ def train_night(run: Run) -> dict:
                                          cfg.grad_clip)
             done = state.step = step + 1
             state.tokens_seen = done * run.tokens_per_step
-            monitor.on_step(done, loss, grad_norm, accelerator)
+            monitor.on_step(done, loss, grad_norm)
             if done % cfg.log_every == 0 or done == run.total_steps:
                 monitor.log_window(done, run.lr(step), elapsed(), accelerator, policy.last_saved_step)
             if done % cfg.eval_every == 0 or done == run.total_steps:
@@ -472,5 +469,4 @@ def _summarise(run: Run, monitor: Monitor, stop_reason: str, elapsed: float, sta
     return summary
 
 
-__all__ = ["PretrainConfig", "pretrain", "setup", "train_night", "TrainingDiverged", "CheckpointError", "evaluate",
-           "step_outcome", "shared_any", "CLOCK_SKEW_ENV", "DETERMINISTIC_ENV"]
+__all__ = ["PretrainConfig", "pretrain", "setup", "train_night", "TrainingDiverged", "CheckpointError", "evaluate"]
