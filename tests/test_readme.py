@@ -165,10 +165,12 @@ def test_every_ci_command_in_the_readme_runs(tmp_path, monkeypatch):
                  "runs/killtest/killtest.json", "runs/sft/summary.json", "runs/tone/summary.json",
                  "eval/bpc.png", "eval/gen.json", "eval/compare/compare.png", "eval/leaks.json",
                  "eval/canaries/canary_control.json", "runs/sft/README.md", "runs/sft-llama/config.json",
-                 "runs/tone-trainer/model.safetensors", "runs/ddp/log.jsonl"):
+                 "runs/tone-trainer/model.safetensors", "runs/ddp/log.jsonl", "runs/tone-lora/adapter_config.json",
+                 "runs/tone-merged/model.safetensors", "runs/tone-merged/adapter/adapter_model.safetensors"):
         assert (tmp_path / path).exists(), path
     card = (tmp_path / "runs/sft/README.md").read_text(encoding="utf-8")
     assert "| literature |" in card and "prefix attack tried" in card
+    assert "Muon on hidden matrices + AdamW on the rest, warmup-stable-decay schedule" in card  # the run's own recipe
     assert "the kill test ran this run's exact configuration" in card  # not the kill test's own base run
     numbers = json.loads((tmp_path / "runs/sft/eval_results.json").read_text(encoding="utf-8"))
     assert numbers["sources"]["run"] == "runs/night/config.json" and numbers["sources"]["killtest"] == \
