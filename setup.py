@@ -43,8 +43,13 @@ setup(
                 # the Hub test double, the Space client and browser tests
                 "fastapi>=0.110", "uvicorn>=0.29", "gradio_client>=1.0", "selenium>=4.20",
                 # transformers' own common model tests (tests/test_transformers_common.py) import it
-                "parameterized>=0.9", "peft>=0.13"],
+                "parameterized>=0.9", "peft>=0.13",
+                # hitoban export-gguf and its tests
+                "gguf>=0.17", "protobuf>=4"],
         "lora": ["peft>=0.13"],  # hitoban sft/tone --lora
+        "gguf": ["gguf>=0.17", "protobuf>=4"],  # hitoban export-gguf (protobuf: SentencePiece's model format)
+        # export-gguf --verify runs the file in llama.cpp; llama-cpp-python compiles llama.cpp (minutes)
+        "llama": ["gguf>=0.17", "protobuf>=4", "llama-cpp-python>=0.3.9"],
     },
     entry_points={"console_scripts": ["hitoban=hitoban.cli:main"]},
 )

@@ -58,6 +58,28 @@ def _export(args) -> int:
     return 0
 
 
+def _export_gguf_args(p):
+    from hitoban.modeling.export_gguf import OUTTYPES
+
+    p.add_argument("src", help="a hitoban from_pretrained folder (a run's final/, an sft or tone output)")
+    p.add_argument("out", help="the .gguf file to write (an Ollama Modelfile is written beside it)")
+    p.add_argument("--outtype", choices=OUTTYPES, default="f32",
+                   help="weight type: f32 (exact), f16, or q8_0 (8-bit, about a quarter of f32; norms stay f32). "
+                        "Default: f32")
+    p.add_argument("--verify", action="store_true",
+                   help="run the file in llama.cpp (needs pip install 'hitoban[llama]'); exit 1 unless it tokenizes "
+                        "as transformers and gives the same greedy tokens (20 for f32, 10 f16, 5 q8_0). Default: off")
+
+
+@verb("export-gguf", "write a GGUF file for llama.cpp / Ollama (Llama architecture, SentencePiece vocabulary)")(
+    _export_gguf_args)
+def _export_gguf(args) -> int:
+    from hitoban.modeling.export_gguf import export_gguf
+
+    print_json(export_gguf(args.src, args.out, args.outtype, verify=args.verify))
+    return 0
+
+
 def _import_args(p):
     p.add_argument("src", help="3LM-MLX folder (model.safetensors + config.json) or zxell .pt checkpoint")
     p.add_argument("dst", help="new hitoban from_pretrained folder")
@@ -715,7 +737,7 @@ PIPELINE = {  # the order a night goes in; `hitoban --help` lists the verbs this
     "fine-tuning": ["check-mask", "sft", "tone", "chat"],
     "evaluation": ["eval", "compare", "leaks", "pii"],
     "publishing": ["secrets", "card", "upload", "space"],
-    "models": ["check-kvcache", "export-llama", "import"],
+    "models": ["check-kvcache", "export-llama", "export-gguf", "import"],
 }
 
 

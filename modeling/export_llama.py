@@ -8,6 +8,7 @@ match to 1e-5 in fp32 and greedy generations must be identical, else nothing is 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -19,6 +20,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from hitoban.errors import CheckFailed, OutputExistsError
 
 from .configuration_hitoban import HitobanConfig
+from .export_gguf import llama_cpp_chat_template, sentencepiece_model
 from .modeling_hitoban import HitobanForCausalLM
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
@@ -83,6 +85,21 @@ def compare_logits(ours, theirs, vocab_size: int, seq_len: int = 64, seed: int =
     return (ours(ids).logits.float() - theirs(ids).logits.float()).abs().max().item()
 
 
+def write_llama_cpp_tokenizer_files(src: str | os.PathLike, dst: Path) -> None:
+    """What llama.cpp's `convert_hf_to_gguf.py` reads besides tokenizer.json (see export_gguf's docstring): the
+    SentencePiece model as `tokenizer.model`, `add_prefix_space` / `add_bos_token` false in tokenizer_config.json
+    (transformers ignores both for this tokenizer: the ids stay the same, a test checks), and the chat template
+    without `{% generation %}` (so a Llama export no longer gives assistant masks; fine-tune the hitoban folder)."""
+    (dst / "tokenizer.model").write_bytes(sentencepiece_model(src))
+    template = dst / "chat_template.jinja"
+    if template.exists():  # llama.cpp's Jinja cannot parse transformers' {% generation %} markers
+        template.write_text(llama_cpp_chat_template(template.read_text(encoding="utf-8")), encoding="utf-8")
+    config_path = dst / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
+    config.update(add_prefix_space=False, add_bos_token=False, add_eos_token=False)
+    config_path.write_text(json.dumps(config, ensure_ascii=False, indent=2), encoding="utf-8")
+
+
 def export_llama(src: str | os.PathLike, dst: str | os.PathLike, atol: float = 1e-5) -> dict:
     """Write `dst` as a LlamaForCausalLM folder (+ tokenizer files) after checking it computes what `src` does."""
     dst = Path(dst)
@@ -103,5 +120,7 @@ def export_llama(src: str | os.PathLike, dst: str | os.PathLike, atol: float = 1
         for name in TOKENIZER_FILES:
             if (Path(src) / name).exists():
                 shutil.copy2(Path(src) / name, staged / name)
+        if (Path(src) / "tokenizer.json").exists():
+            write_llama_cpp_tokenizer_files(src, staged)
         os.replace(staged, dst)
     return {"max_abs_logit_diff": max_diff, "greedy_identical": same_greedy, "out": dst.name}

@@ -118,3 +118,14 @@ def tiny_shards(tmp_path_factory, corpus) -> Path:
     build_shards(root / "corpus", root / "tok", root / "shards", shard_tokens=80_000, val_every=8, context=64,
                  progress=False)
     return root / "shards"
+
+
+@pytest.fixture(scope="session")
+def pretrained(tiny_shards, tmp_path_factory) -> Path:
+    """A tiny model pretrained for 60 steps on real shards: RUN/final with tokenizer and chat template."""
+    from hitoban.training.pretrain import PretrainConfig, pretrain
+
+    run = tmp_path_factory.mktemp("pre") / "run"
+    pretrain(PretrainConfig(data=str(tiny_shards), out=str(run), preset="tiny", context=128, steps=60, batch_size=8,
+                            lr=3e-3, eval_every=30, eval_batches=2, log_every=30, progress=False, cpu=True))
+    return run / "final"

@@ -5,7 +5,8 @@ Each fenced block in the README is preceded by `<!-- test: TAG -->`:
            ../shared/corpus and the built-in data);
   install  what .ci/run itself does (install, pytest); `hitoban demo` is run by tests/test_demo.py (--quick);
   network  needs the Hugging Face Hub (and a login to upload): marked `network`, run where it is reachable;
-  gpu      needs several CUDA GPUs: run only where they exist.
+  gpu      needs several CUDA GPUs: run only where they exist;
+  llama-cpp needs llama.cpp's Python binding (`pip install "hitoban[llama]"`, a compile): run where it is installed.
 A block without a tag fails the first test, so nothing in the README can escape testing.
 """
 
@@ -139,7 +140,7 @@ def test_a_hanging_readme_command_fails_by_name():
 def test_every_code_block_is_tagged_and_every_substitution_applies():
     fences = re.findall(r"^```\w+$", README, re.M)
     assert len(fences) == len(BLOCKS), "a README code block has no <!-- test: TAG --> line above it"
-    assert {tag for tag, _, _ in BLOCKS} <= {"ci", "install", "network", "gpu"}
+    assert {tag for tag, _, _ in BLOCKS} <= {"ci", "install", "network", "gpu", "llama-cpp"}
     ci_text = "".join(code for tag, _, code in BLOCKS if tag in ("ci", "network", "gpu"))
     unused = [pattern for pattern, _ in SMALLER if pattern not in ci_text]
     assert not unused, f"README no longer contains {unused}: update SMALLER"
@@ -166,7 +167,8 @@ def test_every_ci_command_in_the_readme_runs(tmp_path, monkeypatch):
                  "eval/bpc.png", "eval/gen.json", "eval/compare/compare.png", "eval/leaks.json",
                  "eval/canaries/canary_control.json", "runs/sft/README.md", "runs/sft-llama/config.json",
                  "runs/tone-trainer/model.safetensors", "runs/ddp/log.jsonl", "runs/tone-lora/adapter_config.json",
-                 "runs/tone-merged/model.safetensors", "runs/tone-merged/adapter/adapter_model.safetensors"):
+                 "runs/tone-merged/model.safetensors", "runs/tone-merged/adapter/adapter_model.safetensors",
+                 "runs/sft.gguf", "runs/sft-q8_0.gguf", "runs/sft.Modelfile", "runs/sft-llama/tokenizer.model"):
         assert (tmp_path / path).exists(), path
     card = (tmp_path / "runs/sft/README.md").read_text(encoding="utf-8")
     assert "| literature |" in card and "prefix attack tried" in card
@@ -177,6 +179,29 @@ def test_every_ci_command_in_the_readme_runs(tmp_path, monkeypatch):
         "runs/killtest/killtest.json"
     pii = json.loads((tmp_path / "runs/sft/pii.json").read_text(encoding="utf-8"))
     assert pii["status"] == "measured" and pii["mining"]["from_masked_log"] == 6  # 3 e-mails + 3 phones tried
+
+
+@pytest.mark.slow
+def test_llama_cpp_commands_in_the_readme(tmp_path, pretrained, monkeypatch):
+    """The GGUF blocks that need llama.cpp, on a pretrained model standing in for runs/sft; llama.cpp's converter
+    comes from llama-cpp-python's source archive (tests/test_gguf.py fetches it)."""
+    pytest.importorskip("llama_cpp", reason="llama.cpp runs only where pip install 'hitoban[llama]' was done")
+    from test_gguf import _convert_script
+
+    script = _convert_script()
+    if script is None:
+        pytest.skip("llama-cpp-python's source archive could not be fetched (no package registry)")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "sft").symlink_to(pretrained)
+    from hitoban.cli import main
+
+    assert main(["export-llama", "runs/sft", "runs/sft-llama"]) == 0
+    for tag, lang, code in BLOCKS:
+        if tag == "llama-cpp":
+            code = code.replace("python llama.cpp/convert_hf_to_gguf.py", f"{sys.executable} {script}")
+            run_in_process(lang, code, shell_env())
+    assert (tmp_path / "runs/sft-checked.gguf").exists() and (tmp_path / "runs/sft-llama.gguf").exists()
 
 
 @pytest.mark.network

@@ -22,17 +22,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def pretrained(tiny_shards, tmp_path_factory) -> Path:
-    """A tiny model pretrained for 60 steps on real shards: RUN/final with tokenizer and chat template."""
-    from hitoban.training.pretrain import PretrainConfig, pretrain
-
-    run = tmp_path_factory.mktemp("pre") / "run"
-    pretrain(PretrainConfig(data=str(tiny_shards), out=str(run), preset="tiny", context=128, steps=60, batch_size=8,
-                            lr=3e-3, eval_every=30, eval_batches=2, log_every=30, progress=False, cpu=True))
-    return run / "final"
-
-
-@pytest.fixture(scope="module")
 def chats(corpus, tmp_path_factory) -> Path:
     """400 real multi-turn chats (RealPersonaChat, CC BY-SA), cut to 4 turns each."""
     out = tmp_path_factory.mktemp("chats") / "chats.jsonl"

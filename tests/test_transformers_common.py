@@ -11,17 +11,14 @@ search, streamers, greedy parity with Llama). Deliberate deviations are skipped 
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
-import tarfile
-import tempfile
 import unittest
 from pathlib import Path
 
 import pytest
 import transformers
+from sdist import fetch
 
-CACHE = Path.home() / ".cache" / "hitoban" / f"transformers-{transformers.__version__}-tests"
 PACKAGE = "transformers_common_tests"
 STUBS = {"exporters/test_export.py": "class ExportTesterMixin:\n    pass\n",
          "generation/test_utils.py": "class GenerationTesterMixin:\n    pass\n"}
@@ -30,30 +27,21 @@ STUBS = {"exporters/test_export.py": "class ExportTesterMixin:\n    pass\n",
 def _prepare() -> Path | None:
     """The archive's test_modeling_common.py as an importable package (with the two stubs); None when the archive
     cannot be fetched (no registry)."""
-    package = CACHE / PACKAGE
-    if (package / "test_modeling_common.py").exists():
-        return CACHE
-    with tempfile.TemporaryDirectory() as tmp:
-        fetched = subprocess.run([sys.executable, "-m", "pip", "download", f"transformers=={transformers.__version__}",
-                                  "--no-binary", ":all:", "--no-deps", "-d", tmp, "-q"], capture_output=True, text=True)
-        archives = list(Path(tmp).glob("transformers-*.tar.gz"))
-        if fetched.returncode or not archives:
-            return None
-        with tarfile.open(archives[0]) as tar:
-            member = tar.getmember(f"{archives[0].name[:-7]}/tests/test_modeling_common.py")
-            source = tar.extractfile(member).read()
-    staging = CACHE.with_suffix(".tmp")
-    shutil.rmtree(staging, ignore_errors=True)
-    (staging / PACKAGE).mkdir(parents=True)
-    (staging / PACKAGE / "__init__.py").write_text("")
-    (staging / PACKAGE / "test_modeling_common.py").write_bytes(source)
-    for path, text in STUBS.items():
-        (staging / PACKAGE / path).parent.mkdir(exist_ok=True)
-        (staging / PACKAGE / Path(path).parent / "__init__.py").write_text("")
-        (staging / PACKAGE / path).write_text(text)
-    shutil.rmtree(CACHE, ignore_errors=True)
-    staging.rename(CACHE)
-    return CACHE
+    archive = fetch(f"transformers=={transformers.__version__}", ("tests/test_modeling_common.py",),
+                    f"transformers-{transformers.__version__}-archive")
+    if archive is None:
+        return None
+    root = archive / "importable"
+    package = root / PACKAGE
+    if not (package / "test_modeling_common.py").exists():
+        package.mkdir(parents=True, exist_ok=True)
+        (package / "__init__.py").write_text("")
+        shutil.copy2(archive / "tests" / "test_modeling_common.py", package / "test_modeling_common.py")
+        for path, text in STUBS.items():
+            (package / path).parent.mkdir(exist_ok=True)
+            (package / Path(path).parent / "__init__.py").write_text("")
+            (package / path).write_text(text)
+    return root
 
 
 ROOT = _prepare()

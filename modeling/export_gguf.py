@@ -1,0 +1,328 @@
+"""GGUF for llama.cpp and Ollama, written with the `gguf` package (the library llama.cpp's converter uses).
+
+A hitoban model is Llama's function (SPEC §2), so the GGUF is a plain `llama` architecture file: the Llama export's
+weights under llama.cpp's tensor names, with q/k rows permuted from transformers' rotate-half RoPE layout into
+llama.cpp's. The tokenizer needs more care than the weights, because llama.cpp re-implements SentencePiece's unigram
+and reads its settings from the file, not from `tokenizer.json`:
+
+- the tokenizer type `t5`: llama.cpp's unigram (Viterbi) tokenizer, the algorithm hitoban's tokenizer uses. Its
+  SentencePiece type `llama` is SentencePiece-BPE (merges by score) and segments a unigram vocabulary differently
+  (measured: 15 of 50 held-out texts equal). llama.cpp's unigram has no byte fallback: a character outside the
+  vocabulary becomes one `<|unk|>` where transformers gives its UTF-8 byte pieces (rare with a 32k vocabulary);
+
+- the vocabulary with its scores and piece types (byte pieces BYTE, `<|unk|>` UNKNOWN, the chat markers CONTROL, so
+  llama.cpp parses them as one token in a chat prompt and hides them in output, as transformers'
+  `skip_special_tokens` does);
+- `add_space_prefix = false`: hitoban's tokenizer was trained with SentencePiece's `add_dummy_prefix=False`; llama.cpp
+  assumes true for SentencePiece vocabularies and would prepend "▁" to every text;
+- `add_bos_token = false`: hitoban has no BOS token (llama.cpp would otherwise put id 1, `<|user|>`, first).
+
+`sentencepiece_model` rebuilds the SentencePiece model from `tokenizer.json` (any hitoban folder has one; the
+trainer's own `sentencepiece.model` is not copied into checkpoints), and checks that SentencePiece then gives the
+same ids as transformers. `hitoban export-llama` writes it as `tokenizer.model` so that llama.cpp's unmodified
+`convert_hf_to_gguf.py` reads the export right too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hitoban.errors import CheckFailed, InputError, OutputExistsError
+
+# Held-out-like text for the tokenizer self-check: kana, kanji, full-width punctuation, ASCII with runs of spaces,
+# newlines, an emoji and a rare character (byte fallback).
+TOKENIZER_CHECK_TEXTS = (
+    "吾輩は猫である。名前はまだ無い。どこで生れたかとんと見当がつかぬ。",
+    "「おはよう！」と彼は言った。  Hello,  world.\n\n次の行　全角スペース？",
+    "東京都 2026年12月1日 🍣🐈 𠮷野家 ｶﾀｶﾅ ＡＢＣ",
+)
+# 3LM's chat markers; a `{% generation %}` block is transformers-only Jinja (assistant masks), llama.cpp's does not
+# parse it.
+_GENERATION_TAGS = re.compile(r"\{%-?\s*(end)?generation\s*-?%\}")
+_BYTE_PIECE = re.compile(r"<0x[0-9A-F]{2}>")
+OUTTYPES = ("f32", "f16", "q8_0")
+# `--verify`: greedy tokens that must match transformers' per weight type (rounding moves later argmaxes)
+GREEDY_TOKENS_EQUAL = {"f32": 20, "f16": 10, "q8_0": 5}
+VERIFY_PROMPT = "<|user|>こんにちは。自己紹介をしてください。<|assistant|>"
+
+
+def _tokenizer_json(folder: Path) -> dict:
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise InputError(f"{folder} has no tokenizer.json; export a folder that hitoban wrote (final/, sft, tone)")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    model = data.get("model", {})
+    normalizer = data.get("normalizer") or {}
+    if (model.get("type") != "Unigram" or not model.get("byte_fallback") or data.get("pre_tokenizer") is not None
+            or normalizer.get("type") != "Replace" or normalizer.get("content") != "▁"):
+        raise InputError(f"{path}: not a hitoban tokenizer (a Unigram with byte fallback, spaces as '▁', no "
+                         "pre-tokenizer); llama.cpp's SentencePiece vocabulary cannot express it")
+    return data
+
+
+def sentencepiece_model(folder: str | os.PathLike, check_texts=TOKENIZER_CHECK_TEXTS) -> bytes:
+    """A serialized SentencePiece ModelProto equal to the folder's `tokenizer.json`, checked id for id."""
+    from sentencepiece import SentencePieceProcessor
+    from sentencepiece import sentencepiece_model_pb2 as sp_pb2  # needs protobuf (the `gguf` extra)
+    from tokenizers import Tokenizer
+
+    folder = Path(folder)
+    data = _tokenizer_json(folder)
+    vocab, unk_id = data["model"]["vocab"], data["model"]["unk_id"]
+    control = {t["id"] for t in data.get("added_tokens", []) if t.get("special")} - {unk_id}
+    proto = sp_pb2.ModelProto()
+    for index, (piece, score) in enumerate(vocab):
+        entry = proto.pieces.add(piece=piece, score=score)
+        if index == unk_id:
+            entry.type = sp_pb2.ModelProto.SentencePiece.UNKNOWN
+        elif index in control:
+            entry.type = sp_pb2.ModelProto.SentencePiece.CONTROL
+        elif _BYTE_PIECE.fullmatch(piece):
+            entry.type = sp_pb2.ModelProto.SentencePiece.BYTE
+    trainer = proto.trainer_spec
+    trainer.model_type = sp_pb2.TrainerSpec.UNIGRAM
+    trainer.vocab_size, trainer.byte_fallback = len(vocab), True
+    trainer.unk_id, trainer.bos_id, trainer.eos_id, trainer.pad_id = unk_id, -1, -1, -1
+    trainer.unk_piece = vocab[unk_id][0]
+    normalizer = proto.normalizer_spec
+    normalizer.name, normalizer.add_dummy_prefix = "identity", False
+    normalizer.remove_extra_whitespaces, normalizer.escape_whitespaces = False, True
+    serialized = proto.SerializeToString()
+
+    ours, theirs = SentencePieceProcessor(model_proto=serialized), Tokenizer.from_file(str(folder / "tokenizer.json"))
+    for text in check_texts:
+        expected = theirs.encode(text, add_special_tokens=False).ids
+        if ours.encode(text) != expected:
+            raise CheckFailed(f"the SentencePiece model does not tokenize {text[:20]!r} as tokenizer.json does; "
+                              "nothing was written")
+    return serialized
+
+
+def llama_cpp_chat_template(template: str) -> str:
+    """The chat template without transformers' `{% generation %}` markers (llama.cpp's Jinja rejects them)."""
+    return _GENERATION_TAGS.sub("", template)
+
+
+def _chat_template(folder: Path) -> str | None:
+    if (folder / "chat_template.jinja").is_file():
+        return (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    config = folder / "tokenizer_config.json"
+    return json.loads(config.read_text(encoding="utf-8")).get("chat_template") if config.is_file() else None
+
+
+def _permute_for_rope(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """transformers' rotate-half rows -> llama.cpp's interleaved pairs (convert_hf_to_gguf's `LlamaModel.permute`)."""
+    return weight.reshape(n_heads, 2, weight.shape[0] // n_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(
+        weight.shape)
+
+
+def _tensor_data(name: str, tensor: np.ndarray, outtype: str):
+    """(data, raw ggml type or None): 1-D tensors (norms) stay f32, as llama.cpp's converter keeps them."""
+    import gguf
+
+    if tensor.ndim == 1 or outtype == "f32":
+        return tensor.astype(np.float32), None
+    if outtype == "f16":
+        return tensor.astype(np.float16), None
+    if tensor.shape[-1] % gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0][0]:
+        return tensor.astype(np.float16), None  # rows not a multiple of 32 cannot be Q8_0 blocks (converter alike)
+    return gguf.quants.quantize(tensor.astype(np.float32), gguf.GGMLQuantizationType.Q8_0), \
+        gguf.GGMLQuantizationType.Q8_0
+
+
+def export_gguf(src: str | os.PathLike, out: str | os.PathLike, outtype: str = "f32", verify: bool = False) -> dict:
+    """Write `out` (a .gguf file) for llama.cpp from a hitoban model folder; returns what was written.
+
+    `verify` runs the staged file in llama.cpp first (`verify_gguf`); on a failure nothing is written."""
+    import gguf
+
+    from .export_llama import llama_state_dict
+    from .modeling_hitoban import HitobanForCausalLM
+
+    src, out = Path(src), Path(out)
+    if outtype not in OUTTYPES:
+        raise InputError(f"--outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
+    if out.exists():
+        raise OutputExistsError(f"{out} already exists; choose a new file")
+    tokenizer = _tokenizer_json(src)
+    pieces = gguf.TokenType
+    proto_types = {1: pieces.NORMAL, 2: pieces.UNKNOWN, 3: pieces.CONTROL, 4: pieces.USER_DEFINED, 5: pieces.UNUSED,
+                   6: pieces.BYTE}
+    from sentencepiece import sentencepiece_model_pb2 as sp_pb2
+
+    proto = sp_pb2.ModelProto.FromString(sentencepiece_model(src))
+    model = HitobanForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    config = model.config
+    if len(proto.pieces) != config.vocab_size:
+        raise InputError(f"{src}: the tokenizer has {len(proto.pieces)} pieces but the model {config.vocab_size} rows")
+
+    file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                 "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[outtype]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    handle, staged = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    os.close(handle)
+    try:
+        writer = gguf.GGUFWriter(staged, "llama")
+        writer.add_name(src.name)
+        writer.add_context_length(config.max_position_embeddings)
+        writer.add_embedding_length(config.hidden_size)
+        writer.add_block_count(config.num_hidden_layers)
+        writer.add_feed_forward_length(config.intermediate_size)
+        writer.add_head_count(config.num_attention_heads)
+        writer.add_head_count_kv(config.num_key_value_heads)
+        writer.add_rope_dimension_count(config.head_dim)
+        writer.add_rope_freq_base(float(config.rope_theta))
+        writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+        writer.add_vocab_size(config.vocab_size)
+        writer.add_file_type(file_type)
+
+        writer.add_tokenizer_model("t5")  # llama.cpp's unigram (UGM) tokenizer; see the module docstring
+        writer.add_tokenizer_pre("default")
+        writer.add_token_list([p.piece.encode("utf-8") for p in proto.pieces])
+        writer.add_token_scores([p.score for p in proto.pieces])
+        writer.add_token_types([proto_types[p.type] for p in proto.pieces])
+        writer.add_add_space_prefix(False)
+        writer.add_remove_extra_whitespaces(False)
+        writer.add_add_bos_token(False)
+        writer.add_add_eos_token(False)
+        writer.add_unk_token_id(tokenizer["model"]["unk_id"])
+        if config.eos_token_id is not None:
+            writer.add_eos_token_id(config.eos_token_id)
+        if config.pad_token_id is not None:
+            writer.add_pad_token_id(config.pad_token_id)
+        if (template := _chat_template(src)) is not None:
+            writer.add_chat_template(llama_cpp_chat_template(template))
+
+        names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+        written = 0
+        for name, tensor in llama_state_dict(model).items():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                heads = config.num_attention_heads if "q_proj" in name else config.num_key_value_heads
+                tensor = _permute_for_rope(tensor, heads)
+            gguf_name = names.get_name(name, try_suffixes=(".weight",))
+            if gguf_name is None:
+                raise CheckFailed(f"no GGUF name for {name}; nothing was written")
+            data, raw_type = _tensor_data(gguf_name, tensor.numpy(), outtype)
+            writer.add_tensor(gguf_name, data, raw_dtype=raw_type)
+            written += 1
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        checked = verify_gguf(staged, src, outtype) if verify else None
+        os.replace(staged, out)
+    finally:
+        if os.path.exists(staged):
+            os.unlink(staged)
+    modelfile = out.with_suffix(".Modelfile")
+    modelfile.write_text(ollama_modelfile(out.name), encoding="utf-8")
+    report = {"out": out.name, "outtype": outtype, "bytes": out.stat().st_size, "vocab_size": len(proto.pieces),
+              "tensors": written, "modelfile": modelfile.name}
+    if checked is not None:
+        report["llama_cpp"] = {k: v for k, v in checked.items() if not k.startswith("greedy_") or "prefix" in k}
+    return report
+
+
+def ollama_modelfile(gguf_name: str) -> str:
+    """An Ollama Modelfile for the GGUF: hitoban's chat format as an Ollama (Go) template, stopping at <|end|>."""
+    return (
+        f"# ollama create my-hitoban -f {Path(gguf_name).with_suffix('.Modelfile').name}; ollama run my-hitoban\n"
+        f"FROM ./{gguf_name}\n"
+        'TEMPLATE """{{- range .Messages }}{{- if eq .Role "user" }}<|user|>{{ .Content }}'
+        '{{- else if eq .Role "assistant" }}<|assistant|>{{ .Content }}<|end|>{{- end }}{{- end }}<|assistant|>"""\n'
+        'PARAMETER stop "<|end|>"\n'
+        'PARAMETER stop "<|user|>"\n'
+    )
+
+
+def _unknown_runs_collapsed(ids: list[int], byte_ids: set[int], unk_id: int) -> list[int]:
+    """transformers' ids with each run of byte-fallback pieces as one unknown token: what llama.cpp's unigram
+    tokenizer (no byte fallback) gives for characters outside the vocabulary."""
+    out: list[int] = []
+    for token in ids:
+        if token in byte_ids:
+            if not out or out[-1] != unk_id:
+                out.append(unk_id)
+        else:
+            out.append(token)
+    return out
+
+
+def compare_with_llama_cpp(gguf_path: str | os.PathLike, model_dir: str | os.PathLike, texts: list[str],
+                           prompt: str, new_tokens: int = 20) -> dict:
+    """Run the GGUF in llama.cpp (llama-cpp-python) beside transformers: tokenization of each text and of the chat
+    prompt, the logits on the first text's ids, and `new_tokens` greedy tokens after the same prompt ids. Returns the
+    comparison; the caller decides.
+
+    `texts_equal` counts identical ids; `texts_equal_but_unknown_characters` counts texts whose only differences are
+    characters outside the vocabulary (byte pieces in transformers, one `<|unk|>` in llama.cpp's unigram tokenizer,
+    which has no byte fallback)."""
+    from llama_cpp import Llama  # optional extra: pip install "hitoban[llama]"
+    from transformers import AutoTokenizer
+
+    from .modeling_hitoban import HitobanForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
+    model = HitobanForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    vocab = _tokenizer_json(Path(model_dir))["model"]
+    byte_ids = {i for i, (piece, _) in enumerate(vocab["vocab"]) if _BYTE_PIECE.fullmatch(piece)}
+    llm = Llama(model_path=str(gguf_path), n_ctx=model.config.max_position_embeddings, n_threads=os.cpu_count(),
+                logits_all=True, type_k=0, type_v=0, verbose=False)  # f32 KV cache (GGML_TYPE_F32), not f16
+    try:
+        equal = modulo_unknown = 0
+        for text in texts:
+            ours = tokenizer(text)["input_ids"]
+            theirs = llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+            equal += ours == theirs
+            modulo_unknown += ours != theirs and _unknown_runs_collapsed(ours, byte_ids, vocab["unk_id"]) == theirs
+        prompt_ids = tokenizer(prompt)["input_ids"]
+        prompt_equal = prompt_ids == llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
+        logit_ids = tokenizer(texts[0] if texts else prompt)["input_ids"][: model.config.max_position_embeddings]
+        llm.reset()
+        llm.eval(logit_ids)
+        with torch.no_grad():
+            logits = model(torch.tensor([logit_ids])).logits[0].numpy()
+        max_logit_diff = float(np.abs(np.asarray(llm.scores[: len(logit_ids)]) - logits).max())
+        llm.reset()
+        with torch.no_grad():
+            greedy = model.generate(torch.tensor([prompt_ids]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                    do_sample=False, pad_token_id=model.config.pad_token_id)[0, len(prompt_ids):]
+        llama_greedy = []
+        for token in llm.generate(prompt_ids, top_k=1, temp=0.0, repeat_penalty=1.0):
+            llama_greedy.append(token)
+            if len(llama_greedy) == new_tokens:
+                break
+    finally:
+        llm.close()
+    greedy = greedy.tolist()
+    pairs = list(zip(greedy, llama_greedy))
+    same = next((i for i, (a, b) in enumerate(pairs) if a != b), len(pairs))
+    return {"texts": len(texts), "texts_equal": equal, "texts_equal_but_unknown_characters": modulo_unknown,
+            "prompt_tokenized_equal": prompt_equal, "max_abs_logit_diff": max_logit_diff,
+            "logit_positions": len(logit_ids), "greedy_transformers": greedy, "greedy_llama_cpp": llama_greedy,
+            "greedy_equal_prefix": same}
+
+
+def verify_gguf(gguf_path: str | os.PathLike, model_dir: str | os.PathLike, outtype: str) -> dict:
+    """`export-gguf --verify`: llama.cpp must tokenize as transformers (characters outside the vocabulary aside),
+    and give the same greedy tokens (and, for f32, logits within 1e-4); else CheckFailed."""
+    report = compare_with_llama_cpp(gguf_path, model_dir, list(TOKENIZER_CHECK_TEXTS), VERIFY_PROMPT)
+    problems = []
+    if report["texts_equal"] + report["texts_equal_but_unknown_characters"] < report["texts"]:
+        problems.append("llama.cpp tokenizes text differently")
+    if not report["prompt_tokenized_equal"]:
+        problems.append("llama.cpp tokenizes the chat prompt differently")
+    if report["greedy_equal_prefix"] < GREEDY_TOKENS_EQUAL[outtype]:
+        problems.append(f"{report['greedy_equal_prefix']} greedy tokens equal, {GREEDY_TOKENS_EQUAL[outtype]} needed")
+    if outtype == "f32" and report["max_abs_logit_diff"] > 1e-4:
+        problems.append(f"f32 logits differ by {report['max_abs_logit_diff']:.3g}")
+    if problems:
+        raise CheckFailed(f"{Path(gguf_path).name} does not run in llama.cpp as in transformers: {'; '.join(problems)}")
+    return report
