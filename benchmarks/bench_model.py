@@ -24,6 +24,7 @@ import json
 import statistics
 import time
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 
@@ -159,6 +160,16 @@ def alternate(fns: dict, repeats: int) -> tuple[dict, float]:
     return best, statistics.median(ratios)
 
 
+def load_space_app():
+    """spaces/app.py as a module (it is a standalone file, not part of the hitoban package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hitoban_space_app", Path(__file__).parents[1] / "spaces" / "app.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="small")
@@ -271,11 +282,27 @@ def main() -> None:
     if default == "bf16":  # `hitoban chat` loads bf16 weights here: against plain fp32 generate
         fp32_generate = args.new_tokens / best["llama"]
         ours.to(torch.bfloat16)
-        best_bf16, _ = alternate({"hitoban": time_decode, "llama": time_decode}, max(2, args.repeats // 2))
+        best_bf16, _ = alternate({"hitoban": time_decode, "llama": time_decode}, args.repeats)
         ours.to(torch.float32)
         rows.append({"row": "chat bf16 vs generate fp32 b1", "unit": "tok/s",
                      "hitoban": args.new_tokens / best_bf16["hitoban"], "llama": fp32_generate,
                      "ratio": fp32_generate and (args.new_tokens / best_bf16["hitoban"]) / fp32_generate})
+        # the Space's own loop (spaces/app.py loads bf16 weights on this hardware)
+        space = load_space_app()
+        ours.to(torch.bfloat16)
+
+        def time_space():
+            sync()
+            start = time.perf_counter()
+            space.decode(ours, prompt, 0.0, 0, 1.0, args.new_tokens, [])  # greedy, as the rows above
+            sync()
+            return time.perf_counter() - start
+
+        best_space, _ = alternate({"hitoban": time_space, "llama": time_space}, args.repeats)
+        ours.to(torch.float32)
+        rows.append({"row": "Space bf16 vs generate fp32 b1", "unit": "tok/s",
+                     "hitoban": args.new_tokens / best_space["hitoban"], "llama": fp32_generate,
+                     "ratio": fp32_generate and (args.new_tokens / best_space["hitoban"]) / fp32_generate})
     # The peak is the best of a measurement before and after the rows: a busy moment must not inflate MFU.
     for precision in precisions:
         fresh = matmul_peak(torch.float32 if precision == "fp32" else torch.bfloat16)

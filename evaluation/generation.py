@@ -123,7 +123,6 @@ def sampling_processors(prompt_length: int, settings: dict) -> tuple[LogitsProce
 
 
 @torch.no_grad()
-@torch.no_grad()
 def decode(model, ids: torch.Tensor, processors: LogitsProcessorList, sample: bool, stops: list[int],
            max_new_tokens: int, streamer=None) -> torch.Tensor:
     """`generate()`'s sampling loop for one sequence, without its per-step machinery (stopping criteria, input

@@ -114,3 +114,46 @@ def test_trainer_gradient_accumulation_matches_the_large_batch(tmp_path):
 def test_public_api():
     assert hitoban.HitobanConfig is HitobanConfig and hitoban.__version__
     assert set(hitoban.PRESETS) >= {"tiny", "3lm", "zxell-s"}
+
+
+PLAIN_TOKENIZER = BLOCKED_LOAD.split("import torch\n")[0] + textwrap.dedent("""
+    import json
+    from transformers import AutoTokenizer
+    texts = json.loads(sys.argv[1])
+    out = {}
+    for spec in sys.argv[2:]:
+        folder, remote = spec.rsplit("=", 1)
+        tok = AutoTokenizer.from_pretrained(folder, **({"trust_remote_code": True} if remote == "remote" else {}))
+        out[folder] = [type(tok).__name__, [tok(t)["input_ids"] for t in texts]]
+    print("\\nRESULT " + json.dumps(out))
+""")
+
+
+def test_plain_autotokenizer_loads_hitoban_folders_without_hitoban(tiny_shards, pretrained, tmp_path):
+    """Tokenizer, shard and Llama-export folders load with plain AutoTokenizer in a process that cannot import
+    hitoban, with no remote-code prompt, and tokenize as hitoban's own loader. Model folders (config.json with
+    model_type "hitoban", SPEC §2) need trust_remote_code=True even for the tokenizer: transformers 5.24's
+    AutoTokenizer reads the model config first, and an unknown model_type with auto_map prompts."""
+    from hitoban.modeling.export_llama import export_llama
+    from hitoban.training.tokenizer import load_tokenizer
+
+    export_llama(pretrained, tmp_path / "llama")
+    folders = {str(tiny_shards / "tokenizer"): "plain", str(tmp_path / "llama"): "plain", str(pretrained): "remote"}
+    texts = ["吾輩は猫である。  Hello\n", "<|user|>こんにちは<|assistant|>はい<|end|>", "🍣𠮷"]
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    run = subprocess.run([sys.executable, "-c", PLAIN_TOKENIZER, json.dumps(texts),
+                          *(f"{folder}={how}" for folder, how in folders.items())],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, stdin=subprocess.DEVNULL)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "custom code" not in run.stdout + run.stderr and "Do you wish" not in run.stdout + run.stderr
+    result = json.loads(run.stdout.split("RESULT ")[-1])
+    ours = load_tokenizer(pretrained)
+    for folder in folders:
+        assert result[folder][0] == "TokenizersBackend"  # transformers' own class, no tokenizer code shipped
+        assert result[folder][1] == [ours(t)["input_ids"] for t in texts], folder
+    # negative control (and the documented deviation): a model folder without trust_remote_code does prompt; with
+    # stdin closed transformers then falls back to a plain config and still loads the same tokenizer
+    run = subprocess.run([sys.executable, "-c", PLAIN_TOKENIZER, json.dumps(texts), f"{pretrained}=plain"],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, stdin=subprocess.DEVNULL)
+    assert run.returncode == 0 and "Do you wish to run the custom code?" in run.stdout + run.stderr
+    assert json.loads(run.stdout.split("RESULT ")[-1])[str(pretrained)][1] == [ours(t)["input_ids"] for t in texts]

@@ -125,3 +125,49 @@ def test_headless_chromium_types_a_message_and_sees_the_streamed_reply(space, tm
         print(f"screenshot: {shot}")
     finally:
         browser.quit()
+
+
+def test_space_weights_dtype_follows_the_hardware_as_hitoban_does(monkeypatch):
+    """The Space's copy of the native-bf16 test (it cannot import hitoban) answers as hitoban's own."""
+    from hitoban.training import hardware
+
+    app = load_app()
+    samples = ["flags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n", "flags\t: fpu sse2 avx2 amx_bf16 amx_tile\n",
+               "flags\t: fpu sse2 avx2 avx512f\n", "Features\t: fp asimd bf16 i8mm\n", "Features\t: fp asimd\n", ""]
+    assert [app.cpu_has_native_bf16(s) for s in samples] == [hardware.cpu_has_native_bf16(s) for s in samples]
+    assert [app.cpu_has_native_bf16(s) for s in samples] == [True, True, False, True, False, False]
+    monkeypatch.setattr(app, "cpu_has_native_bf16", lambda cpuinfo=None: True)
+    assert app.weights_dtype("cpu") == app.torch.bfloat16 and app.weights_dtype("mps") == app.torch.float32
+    monkeypatch.setattr(app, "cpu_has_native_bf16", lambda cpuinfo=None: False)
+    assert app.weights_dtype("cpu") == app.torch.float32
+    monkeypatch.setenv("HITOBAN_DTYPE", "bfloat16")
+    assert app.weights_dtype("cpu") == app.torch.bfloat16
+
+
+@pytest.mark.parametrize("temperature,top_k,penalty", [(0.0, 40, 1.15), (0.8, 40, 1.15), (1.0, 0, 1.0)])
+def test_space_decode_gives_generates_tokens(pretrained, temperature, top_k, penalty):
+    """The Space's lean loop against plain `generate` with the same settings: identical greedy tokens and identical
+    seeded samples, fp32 and bf16."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    app = load_app()
+    tokenizer = AutoTokenizer.from_pretrained(pretrained)
+    stops = [tokenizer.convert_tokens_to_ids(t) for t in app.STOP_TOKENS]
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "猫について教えて"}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)["input_ids"]
+    for dtype in (torch.float32, torch.bfloat16):
+        model = AutoModelForCausalLM.from_pretrained(pretrained, dtype=dtype).eval()
+        outputs = []
+        for seed in (0, 1):
+            torch.manual_seed(seed)
+            flags = dict(do_sample=True, temperature=temperature, top_k=top_k or None) if temperature else {}
+            expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24,
+                                      repetition_penalty=penalty, pad_token_id=tokenizer.pad_token_id,
+                                      eos_token_id=stops, **({"do_sample": False} | flags))
+            torch.manual_seed(seed)
+            got = app.decode(model, ids, temperature, top_k, penalty, 24, stops)
+            assert got.tolist() == expected.tolist(), (dtype, seed)
+            outputs.append(got[0, ids.shape[1]:].tolist())
+        assert len(outputs[0]) > 5  # something was generated before any stop token
+        assert (outputs[0] != outputs[1]) == (temperature > 0)  # seeds matter exactly when sampling
