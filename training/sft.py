@@ -169,6 +169,7 @@ def finetune(base: str | Path, data: list[str | Path], out: str | Path, *, lr: f
     checkpoints = sorted((out / "trainer").glob("checkpoint-*")) if resume else []
     trainer.train(resume_from_checkpoint=str(checkpoints[-1]) if checkpoints else None)
     final_eval = trainer.evaluate()
+    trainer.model.config.use_cache = True  # the Trainer turns the KV cache off for training; generation wants it
     if lora is None:
         trainer.save_model(str(out))  # the best model (load_best_model_at_end) + tokenizer, from_pretrained-ready
     elif trainer.is_world_process_zero():
