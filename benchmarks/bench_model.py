@@ -185,7 +185,8 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also time torch.compile'd training steps")
     args = parser.parse_args()
     global DEVICE
-    from hitoban.training.hardware import default_precision, device_for
+    from hitoban.modeling.loading import device_for
+    from hitoban.training.hardware import default_precision
 
     DEVICE = torch.device(args.device) if args.device else device_for()
     if args.threads:

@@ -18,18 +18,15 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import warnings
 from pathlib import Path
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from hitoban.errors import InputError
+from hitoban.training.nll import token_nats
+from hitoban.training.tokenizer import MARKERS
 
-MARKERS = re.compile(r"<\|(?:user|assistant|end|unk)\|>")
 WINDOW = 256
 MIN_STABLE_WINDOWS = 8
 MARKER_RULE = "chat markers excluded from both the nats and the characters"
@@ -37,31 +34,6 @@ MARKER_RULE = "chat markers excluded from both the nats and the characters"
 
 class BpcError(InputError):
     """A domain or model that cannot be measured; the message names it."""
-
-
-@torch.no_grad()
-def token_nats(model, ids: np.ndarray | list[int], context_id: int, window: int = WINDOW, batch: int = 16,
-               progress: bool = False) -> np.ndarray:
-    """Next-token nats of every token of `ids`, each predicted exactly once: the sequence [context_id] + ids is cut
-    into windows of `window` predicted tokens, each scored independently; the last window may be shorter."""
-    ids = np.asarray(ids, dtype=np.int64)
-    n = len(ids)
-    seq = np.concatenate([[context_id], ids]).astype(np.int64)
-    nats = np.zeros(n, dtype=np.float64)
-    device = next(model.parameters()).device
-    model.eval()
-    full = n // window
-    rows = [(w * window, window) for w in range(full)] + ([(full * window, n - full * window)] if n % window else [])
-    groups = [rows[i:min(i + batch, full)] for i in range(0, full, batch)] + ([rows[full:]] if n % window else [])
-    for group in tqdm(groups, disable=not progress or None, desc="bits/char", leave=False):
-        width = group[0][1]
-        x = torch.from_numpy(np.stack([seq[start:start + width + 1] for start, _ in group])).to(device)
-        logits = model(x[:, :-1], use_cache=False).logits.float()
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="none")
-        loss = loss.view(len(group), width).double().cpu().numpy()
-        for (start, _), row in zip(group, loss):
-            nats[start:start + width] = row
-    return nats
 
 
 def context_token(tokenizer) -> int:
@@ -110,26 +82,6 @@ def bits_per_char(model, tokenizer, text: str, name: str = "text", max_chars: in
     return _record(name, nats, marker_tokens, chars, window)
 
 
-def load_model_and_tokenizer(path: str | Path, device: str | torch.device | None = None,
-                             dtype: torch.dtype | None = None):
-    """A `from_pretrained` folder with its tokenizer, on `device` (default: the best one), in `dtype` (default:
-    as saved, fp32); a folder without a tokenizer is a clear error."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import hitoban.modeling  # noqa: F401  (registers the Auto classes)
-    from hitoban.training.hardware import device_for
-
-    path = Path(path)
-    if not (path / "config.json").exists():
-        raise BpcError(f"{path}: not a model folder (no config.json)")
-    if not (path / "tokenizer.json").exists():
-        raise BpcError(f"{path}: no tokenizer.json; bits/char needs the model's own tokenizer next to the weights")
-    model = AutoModelForCausalLM.from_pretrained(path).to(device or device_for()).eval()
-    if dtype is not None:
-        model = model.to(dtype)
-    return model, AutoTokenizer.from_pretrained(path)
-
-
 def read_domain(name: str, path: str | Path) -> str:
     path = Path(path)
     if not path.is_file():
@@ -144,6 +96,7 @@ def cross_domain(models: list[str | Path], domains: dict[str, str | Path], max_c
                  progress: bool = True, shards: str | Path | None = None) -> dict:
     """bits/char for every model x domain (3LM truncates each domain to its first 400,000 chars); with `shards`,
     also every model on each source of that shard set's val split (as domains named `val:SOURCE`)."""
+    from hitoban.modeling.loading import load_model_and_tokenizer
     from hitoban.provenance import sha256_file, weights_sha256
 
     texts = {name: read_domain(name, path) for name, path in domains.items()}

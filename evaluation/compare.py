@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from hitoban.evaluation.bpc import load_model_and_tokenizer
 from hitoban.evaluation.generation import SAMPLING, reply, sampling_processors
+from hitoban.modeling.loading import load_model_and_tokenizer
 
 CHAT_PROMPTS = ["おすすめの本を3つ挙げてください", "短く自己紹介してください", "日本の首都はどこですか", "疲れました"]
 RAW_PROMPTS = ["梅雨が明けると、庭の紫陽花は", "この製品の保証期間は購入日から", "駅前の再開発について、市は"]

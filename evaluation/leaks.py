@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import tempfile
 import time
 from collections import Counter
@@ -38,8 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from hitoban.errors import InputError
+from hitoban.training.tokenizer import MARKERS
 
-MARKERS = re.compile(r"<\|(?:user|assistant|end|endoftext|unk)\|>")
 CHUNK = 16 * 2**20
 MIN_WHOLE_TURN_BYTES = 23  # the fast engine's minimum, so whole turns never force a slower engine
 MIN_SINGLE_TURN_CHARS = 24  # a lone short item is evidence on its own only from this length

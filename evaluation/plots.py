@@ -1,4 +1,5 @@
-"""`hitoban plot RUN`: loss curves from a run's log.jsonl (train, val, per-domain val, resumes) and the kill test."""
+"""Figures drawn from what runs wrote: loss curves from a run's log.jsonl (train, val, per-domain val, resumes,
+`hitoban plot RUN`) and the kill test's panels from its killtest.json."""
 
 from __future__ import annotations
 
@@ -55,8 +56,33 @@ def plot_run(run: str | Path, out: str | Path | None = None) -> list[Path]:
     plt.close(fig)
     killtest = run / "killtest.json"
     if killtest.exists():
-        from hitoban.training.killtest import plot_killtest
-
         plot_killtest(json.loads(killtest.read_text()), out / "killtest.png")
         paths.append(out / "killtest.png")
     return paths
+
+
+def plot_killtest(result: dict, path: Path) -> None:
+    """Two panels: weight differences (noise / killed / control) and loss-curve steps; numbers from the result."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
+    labels = ["noise floor", "killed + resumed", "control (no optimizer)"]
+    diffs = [result["noise"], result["killed_diff"], result["control_diff"]]
+    floor = min([d for d in diffs if d > 0], default=1e-8) / 10
+    left.bar(labels, [max(d, floor) for d in diffs], color=["#888", "#2a7", "#c44"])
+    left.set_yscale("log")
+    left.set_title("max |weight difference| vs uninterrupted run")
+    for i, d in enumerate(diffs):
+        left.text(i, max(d, floor), "0 (bit-exact)" if d == 0 else f"{d:.2e}", ha="center", va="bottom", fontsize=8)
+    gaps = [result["loss_step"], result["control_loss_gap"]]
+    right.bar(["killed + resumed", "control"], gaps, color=["#2a7", "#c44"])
+    right.set_title("max train-loss step")
+    for i, g in enumerate(gaps):
+        right.text(i, g, f"{g:.2e}", ha="center", va="bottom", fontsize=8)
+    fig.suptitle(f"kill test: {'PASSED' if result['passed'] else 'FAILED'} ({result['mode']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -10,12 +10,10 @@ The `hitoban` console script is the one exception: there torch and transformers 
 
 import os
 import sys
-from importlib.metadata import PackageNotFoundError, version
 
-try:
-    __version__ = version("hitoban")
-except PackageNotFoundError:  # running from a source tree that was not installed
-    __version__ = "0.0.0+source"
+from hitoban.provenance import hitoban_version
+
+__version__ = hitoban_version()
 
 _MODEL_NAMES = ("PRESETS", "HitobanConfig", "HitobanForCausalLM")
 _CONSOLE_SCRIPT = os.path.basename(getattr(sys, "argv", [""])[0] or "") == "hitoban"

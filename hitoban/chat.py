@@ -91,8 +91,7 @@ def chat_dtype(precision: str, device_type: str):
 
 
 def run_chat(model_dir: str, precision: str = "auto") -> None:
-    from hitoban.evaluation.bpc import load_model_and_tokenizer
-    from hitoban.training.hardware import device_for
+    from hitoban.modeling.loading import device_for, load_model_and_tokenizer
 
     device = device_for()
     model, tok = load_model_and_tokenizer(model_dir, device, chat_dtype(precision, device.type))

@@ -59,11 +59,9 @@ def _export(args) -> int:
 
 
 def _export_gguf_args(p):
-    from hitoban.modeling.export_gguf import OUTTYPES
-
     p.add_argument("src", help="a hitoban from_pretrained folder (a run's final/, an sft or tone output)")
     p.add_argument("out", help="the .gguf file to write (an Ollama Modelfile is written beside it)")
-    p.add_argument("--outtype", choices=OUTTYPES, default="f32",
+    p.add_argument("--outtype", choices=("f32", "f16", "q8_0"), default="f32",  # export_gguf.OUTTYPES (no torch here)
                    help="weight type: f32 (exact), f16, or q8_0 (8-bit, about a quarter of f32; norms stay f32). "
                         "Default: f32")
     p.add_argument("--verify", action="store_true",
@@ -111,7 +109,7 @@ def _kvcache(args) -> int:
         from transformers import AutoModelForCausalLM
 
         import hitoban.modeling  # noqa: F401  (registers the Auto classes)
-        from hitoban.training.hardware import device_for
+        from hitoban.modeling.loading import device_for
 
         model = AutoModelForCausalLM.from_pretrained(args.model).to(device_for())
     result = check_kvcache(model, steps=args.steps, atol=args.atol, break_rope_offset=args.break_rope_offset)
@@ -281,12 +279,14 @@ def _killtest_args(p):
 @verb("killtest", "SIGKILL a real run of the night's configuration twice (once mid-save), resume, compare with an "
                   "uninterrupted run")(_killtest_args)
 def _killtest(args) -> int:
+    from hitoban.evaluation.plots import plot_killtest
     from hitoban.training.killtest import run_killtest
     from hitoban.training.options import TrainingOptions, from_args, to_argv
 
     options = to_argv(from_args(TrainingOptions, args))
     options += ["--eval-every", str(args.eval_every)] if args.eval_every else []
     result = run_killtest(args.data, args.work, options, steps=args.steps, kills=args.kills)
+    plot_killtest(result, Path(args.work) / "killtest.png")
     failed = [name for name, ok in result["checks"].items() if not ok]
     print(f"kill test {'PASSED' if result['passed'] else 'FAILED: ' + ', '.join(failed)} ({result['mode']}, "
           f"{result['seconds']} s) -> {args.work}/killtest.json, killtest.png")
@@ -368,8 +368,8 @@ def _eval(args) -> int:
 
 
 def _eval_gen(args) -> int:
-    from hitoban.evaluation.bpc import load_model_and_tokenizer
     from hitoban.evaluation.generation import compare, generation_metrics, load_questions
+    from hitoban.modeling.loading import load_model_and_tokenizer
 
     if not args.questions:
         raise UsageError("eval gen needs --questions FILE (e.g. ../shared/corpus/3lm-eval/questions.jsonl)")
@@ -575,7 +575,7 @@ def _pii_args(p):
 
 @verb("pii", "prefix-attack PII probe (exit 1 on an exact reproduction) and its canary control")(_pii_args)
 def _pii(args) -> int:
-    from hitoban.release import pii
+    from hitoban.evaluation import privacy as pii
 
     if args.canaries:
         texts = [doc for text in pii.corpus_texts(args.corpus) for doc in text.splitlines() if doc.strip()]

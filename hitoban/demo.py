@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass
 from importlib.resources import files
 from pathlib import Path
 
-from hitoban.doctor import builtin_documents
 from hitoban.errors import CheckFailed, OutputExistsError, UsageError
+from hitoban.training.corpus import builtin_documents
 
 HELD_OUT_EVERY = 7  # every 7th builtin document / dialogue is kept out of training for evaluation
 REPO_ID = "your-name/hitoban-demo"
@@ -59,7 +59,7 @@ def builtin_chats() -> list[dict]:
 def prepare_data(source: list[str], data: Path, settings: DemoSettings):
     """Write the demo's inputs under DIR/data and return the corpus sources. Chats and questions are always the
     built-in ones (SFT needs dialogues); the pretraining text is the built-in prose, Aozora, FineWeb-2 or files."""
-    from hitoban.release.secrets import TEST_DATA_MARKER
+    from hitoban.provenance import TEST_DATA_MARKER
     from hitoban.training.corpus import hub_source, local_source
 
     data.mkdir(parents=True, exist_ok=True)
@@ -191,12 +191,13 @@ def pretrain_options(settings: DemoSettings, cpu: bool, seed: int) -> list[str]:
 def pretrain_with_kill(shards: Path, out: Path, settings: DemoSettings, cpu: bool, seed: int, log) -> dict:
     """The real kill test (`hitoban killtest`'s harness) on the demo's configuration: its killed-and-resumed run
     is the demo's model (out/run), checked against two uninterrupted runs and a dropped-optimizer control."""
+    from hitoban.evaluation.plots import plot_killtest
     from hitoban.training.killtest import run_killtest, train_losses
 
     result = run_killtest(shards, out / "killtest", pretrain_options(settings, cpu, seed),
                           steps=settings.pretrain_steps, kills=2, killed_run=out / "run", log=lambda *_: None)
     shutil.copy2(out / "killtest" / "killtest.json", out / "killtest.json")
-    shutil.copy2(out / "killtest" / "killtest.png", out / "killtest.png")
+    plot_killtest(result, out / "killtest.png")
     for name in ("base1", "base2", "noopt"):  # only the reports are kept; the run itself is out/run
         shutil.rmtree(out / "killtest" / name, ignore_errors=True)
     losses, _ = train_losses(out / "run")
@@ -336,8 +337,9 @@ class DemoRun:
                 f"{summary['best_val_loss']:.3f} ({summary['counted_ratio']:.0%} of tokens counted)"), summary
 
     def eval(self):
-        from hitoban.evaluation.bpc import cross_domain, load_model_and_tokenizer, write_outputs
+        from hitoban.evaluation.bpc import cross_domain, write_outputs
         from hitoban.evaluation.generation import SAMPLING, generation_metrics, load_questions
+        from hitoban.modeling.loading import load_model_and_tokenizer
         from hitoban.provenance import weights_sha256
 
         with warnings.catch_warnings():  # short domains are flagged in the table (⚠) and the JSON instead
@@ -370,7 +372,7 @@ class DemoRun:
                 f"{result['whole_turns']} whole turns; self-test passed): {verdict}"), result["leaked"]
 
     def pii(self):
-        from hitoban.release import pii
+        from hitoban.evaluation import privacy as pii
         from hitoban.training.corpus import iter_corpus
 
         probe = pii.probe_model(self.release, [self.out / "corpus"], progress=False)

@@ -10,23 +10,16 @@ from __future__ import annotations
 import json
 import math
 import time
-from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hitoban.errors import CheckFailed
-from hitoban.modeling import HitobanConfig, HitobanForCausalLM
+from hitoban.training.corpus import builtin_documents
+from hitoban.training.tiny import token_stream, train_tiny, windows
 from hitoban.training.tokenizer import train_tokenizer_from_texts
-
-
-def builtin_documents() -> list[str]:
-    """The original Japanese text shipped with hitoban, one document per blank-line-separated block."""
-    text = files("hitoban.data").joinpath("builtin_ja.txt").read_text(encoding="utf-8")
-    return [block.strip() for block in text.split("\n\n") if block.strip()]
 
 
 def run_doctor(out: str | Path, steps: int = 200, seed: int = 0, vocab_size: int = 1200, log=print) -> dict:
@@ -44,29 +37,13 @@ def run_doctor(out: str | Path, steps: int = 200, seed: int = 0, vocab_size: int
     tok = AutoTokenizer.from_pretrained(out / "tokenizer")
     log(f"tokenizer: {len(tok)} tokens" + (f" trained on {tok_meta['sample']['chars']:,} chars" if tok_meta else ""))
 
-    encoded = tok.backend_tokenizer.encode_batch(documents)  # whole documents: no model_max_length warning
-    stream = np.array([i for enc in encoded for i in enc.ids + [tok.eos_token_id]], dtype=np.int64)
-    config = HitobanConfig.from_preset("tiny", vocab_size=len(tok), max_position_embeddings=128)
-    model = HitobanForCausalLM(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
-    ctx, batch = 64, 8
-    losses = []
-    for step in tqdm(range(steps), desc="doctor: training", disable=None):
-        rng = np.random.default_rng([seed, step])  # batches are a pure function of (seed, step)
-        starts = rng.integers(0, len(stream) - ctx - 1, size=batch)
-        window = torch.from_numpy(np.stack([stream[s : s + ctx + 1] for s in starts]))
-        loss = model(window, labels=window).loss  # labels are unshifted: the loss shifts them
-        if step == 0:
-            window0 = window
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+    stream = token_stream(tok, documents)
+    model, losses = train_tiny(stream, len(tok), steps, seed, context=64, batch=8, max_positions=128,
+                               desc="doctor: training")
+    window0 = torch.from_numpy(windows(stream, seed, 0, 8, 64))
     first, last = losses[0], float(np.mean(losses[-5:]))
     log(f"training: loss {first:.3f} -> {last:.3f} in {steps} steps (ln vocab = {math.log(len(tok)):.3f})")
 
-    model.eval()
     prompt = tok("夜の研究室は", return_tensors="pt")
     greedy = dict(max_new_tokens=24, do_sample=False, pad_token_id=tok.pad_token_id)
     generated = model.generate(**prompt, **greedy)

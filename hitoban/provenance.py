@@ -15,6 +15,19 @@ import os
 from pathlib import Path
 
 LINEAGE_FILE = "lineage.json"
+# A folder holding a file of this name holds fake data planted on purpose (the PII probe's canaries, the demo's fake
+# contacts): the secret scan reports it as test data instead of a leak.
+TEST_DATA_MARKER = "HITOBAN_TEST_DATA"
+
+
+def hitoban_version() -> str:
+    """The installed hitoban's version, recorded in every manifest (a source tree that was not installed says so)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hitoban")
+    except PackageNotFoundError:
+        return "0.0.0+source"
 
 
 def sha256_file(path: str | os.PathLike, block: int = 1 << 20) -> str:

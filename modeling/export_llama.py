@@ -21,9 +21,8 @@ from hitoban.errors import CheckFailed, OutputExistsError
 
 from .configuration_hitoban import HitobanConfig
 from .export_gguf import llama_cpp_chat_template, sentencepiece_model
+from .loading import TOKENIZER_FILES
 from .modeling_hitoban import HitobanForCausalLM
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 
 
 def llama_config(config: HitobanConfig) -> LlamaConfig:

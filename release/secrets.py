@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hitoban.errors import InputError, MissingInputError
+from hitoban.provenance import TEST_DATA_MARKER
 
 RULES: dict[str, re.Pattern] = {
     "hf-token": re.compile(r"\bhf_[A-Za-z0-9]{20,}"),
@@ -90,7 +91,6 @@ def scan_files(root: str | os.PathLike, relative_paths: list[str]) -> list[Findi
     return sorted(set(findings))
 
 
-TEST_DATA_MARKER = "HITOBAN_TEST_DATA"  # a folder holding this file holds fake data planted on purpose (canaries)
 
 
 @dataclass

@@ -13,8 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hitoban.cli import main
-from hitoban.evaluation.bpc import BpcError, bits_per_char, cross_domain, load_model_and_tokenizer, write_outputs
+from hitoban.errors import InputError
+from hitoban.evaluation.bpc import BpcError, bits_per_char, cross_domain, write_outputs
 from hitoban.evaluation.leaks import LeakScanError, _Matcher, make_probes, scan_bytes_chunks, scan_for_leaks, self_test
+from hitoban.modeling.loading import load_model_and_tokenizer
 
 HOLDOUT_LINE = ("<|user|>日本で一番高い山の名前とその標高はどれくらいですか？また、その山が位置している地域について"
                 "教えてください。<|assistant|>日本で最も高い山は富士山で、標高は三千七百七十六メートルです。<|end|>")
@@ -245,7 +247,7 @@ def test_short_and_missing_domains_are_reported_not_averaged(tiny_model_dir, tmp
         cross_domain([tiny_model_dir], {"web": tmp_path / "nope.txt"})
     no_tok = tmp_path / "model-only"
     model.save_pretrained(no_tok)
-    with pytest.raises(BpcError, match="no tokenizer.json"):
+    with pytest.raises(InputError, match="no tokenizer.json"):
         load_model_and_tokenizer(no_tok)
 
 

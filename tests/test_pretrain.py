@@ -212,6 +212,9 @@ def test_killtest_resumed_run_is_bit_identical_and_the_control_fails(tiny_shards
     assert result["resumes"] >= 2 and result["loss_step"] == 0.0 and result["loss_compared_steps"]
     assert result["control_diff"] > 0.0  # negative control: a dropped optimizer state is visible
     assert result["restore"]["exact"] and result["restore"]["tensors"] > 20
+    from hitoban.evaluation.plots import plot_killtest
+
+    plot_killtest(result, tmp_path / "kt" / "killtest.png")
     assert (tmp_path / "kt" / "killtest.png").stat().st_size > 10_000
 
 

@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-from hitoban.release import pii, secrets
+from hitoban.evaluation import privacy as pii
+from hitoban.provenance import TEST_DATA_MARKER
+from hitoban.release import secrets
 from hitoban.release.card import build_card, write_card
 from hitoban.release.upload import UploadRefused, plan_upload, upload_model
 
@@ -228,7 +230,7 @@ def test_the_scan_respects_gitignore_and_marked_test_data_and_says_so(tmp_path, 
     # negative control: unmarked and not ignored, both are found
     assert {f.rule for f in secrets.scan_directory(tmp_path)} == {"hf-token", "email"}
     (tmp_path / ".gitignore").write_text("out/\n")
-    (tmp_path / "canaries" / secrets.TEST_DATA_MARKER).write_text("fake contacts\n")
+    (tmp_path / "canaries" / TEST_DATA_MARKER).write_text("fake contacts\n")
     report = secrets.scan_report(tmp_path)
     assert report.findings == [] and report.ignored == ["out/notes.txt"]
     assert report.test_data == ["canaries/HITOBAN_TEST_DATA", "canaries/canaries.json"]

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
-from hitoban.training.hardware import check_precision, default_precision, device_for, measured_once, synchronize
+from hitoban.modeling.loading import device_for
+from hitoban.training.hardware import check_precision, default_precision, measured_once, synchronize
 from hitoban.training.loop import reset_accelerate_state, train_step
 from hitoban.training.optim import build_optimizer
 

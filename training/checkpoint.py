@@ -21,8 +21,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hitoban.errors import HitobanError
+from hitoban.modeling.loading import TOKENIZER_FILES
 from hitoban.provenance import write_lineage
-from hitoban.training.tokenizer import TOKENIZER_FILES
 
 SLOTS = ("ckpt-A", "ckpt-B")
 # Test hooks for the kill test: pause inside a save (after the weights, before COMPLETE) so a SIGKILL lands

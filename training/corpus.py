@@ -20,11 +20,13 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from importlib.resources import files
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from hitoban.errors import InputError, OutputExistsError
+from hitoban.provenance import hitoban_version
 from hitoban.training.filters import DocumentFilter, FilterSettings, PIIMasker
 
 # Pinned revisions (3LM's): a rebuilt corpus is the same corpus.
@@ -36,6 +38,12 @@ HUB_SOURCES = {
                    text_field="text"),
 }
 DEFAULT_SHARES = {"aozora": 0.10}  # 3LM: Aozora 10%, FineWeb-2 the rest
+
+
+def builtin_documents() -> list[str]:
+    """The original Japanese text shipped with hitoban, one document per blank-line-separated block."""
+    text = files("hitoban.data").joinpath("builtin_ja.txt").read_text(encoding="utf-8")
+    return [block.strip() for block in text.split("\n\n") if block.strip()]
 
 
 PII_LOG = "pii_log.jsonl"  # masked-value log for `hitoban pii` (contexts + keyed digests, never a raw contact)
@@ -210,8 +218,6 @@ def build_corpus(
     progress: bool = True,
 ) -> dict:
     """Stream every source through the filters and the PII masker into `out`; returns the manifest."""
-    from hitoban import __version__
-
     started = time.time()
     out = Path(out)
     if out.exists():
@@ -265,7 +271,7 @@ def build_corpus(
         for s in per_source:
             s["share"] = round(s["chars"] / total_chars, 4)
         manifest = {
-            "tool": f"hitoban {__version__}",
+            "tool": f"hitoban {hitoban_version()}",
             "target_chars": target_chars,
             "total_chars": total_chars,
             "total_documents": total_docs,

@@ -27,15 +27,6 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     return bool(NATIVE_BF16_FLAGS.search(flags))
 
 
-def device_for(cpu: bool = False) -> torch.device:
-    """CUDA, else Apple's MPS, else the CPU (always the CPU with `cpu`): where training and evaluation run."""
-    if not cpu and torch.cuda.is_available():
-        return torch.device("cuda")
-    if not cpu and torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
-
-
 def default_precision(device_type: str) -> str:
     """`--precision auto`: bf16 on CUDA that supports it and on CPUs with native bf16; fp32 ("no") elsewhere,
     MPS included (its bf16 autocast is not consistently faster)."""

@@ -234,32 +234,4 @@ def _judge(work: Path, killed: Path, control: Path, noise: float, restore: dict,
               "loss_excluded_steps": excluded, "control_diff": control_diff, "control_loss_gap": control_gap,
               "checks": checks, "passed": all(checks.values()), "seconds": round(time.time() - started, 1)}
     (work / "killtest.json").write_text(json.dumps(result, indent=2))
-    plot_killtest(result, work / "killtest.png")
     return result
-
-
-def plot_killtest(result: dict, path: Path) -> None:
-    """Two panels: weight differences (noise / killed / control) and loss-curve steps; numbers from the result."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
-    labels = ["noise floor", "killed + resumed", "control (no optimizer)"]
-    diffs = [result["noise"], result["killed_diff"], result["control_diff"]]
-    floor = min([d for d in diffs if d > 0], default=1e-8) / 10
-    left.bar(labels, [max(d, floor) for d in diffs], color=["#888", "#2a7", "#c44"])
-    left.set_yscale("log")
-    left.set_title("max |weight difference| vs uninterrupted run")
-    for i, d in enumerate(diffs):
-        left.text(i, max(d, floor), "0 (bit-exact)" if d == 0 else f"{d:.2e}", ha="center", va="bottom", fontsize=8)
-    gaps = [result["loss_step"], result["control_loss_gap"]]
-    right.bar(["killed + resumed", "control"], gaps, color=["#2a7", "#c44"])
-    right.set_title("max train-loss step")
-    for i, g in enumerate(gaps):
-        right.text(i, g, f"{g:.2e}", ha="center", va="bottom", fontsize=8)
-    fig.suptitle(f"kill test: {'PASSED' if result['passed'] else 'FAILED'} ({result['mode']})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

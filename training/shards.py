@@ -31,9 +31,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from hitoban.errors import InputError, OutputExistsError
+from hitoban.modeling.loading import TOKENIZER_FILES
 from hitoban.provenance import sha256_file
 from hitoban.training.corpus import iter_corpus, load_manifest
-from hitoban.training.tokenizer import SPECIAL_TOKENS, TOKENIZER_FILES, load_tokenizer
+from hitoban.training.tokenizer import SPECIAL_TOKENS, load_tokenizer
 
 FORMAT = "hitoban-shards/1 (zxell layout)"
 SHARD_TOKENIZER_FILES = (*TOKENIZER_FILES, "tokenizer_meta.json", "sentencepiece.model")

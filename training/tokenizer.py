@@ -27,8 +27,9 @@ from hitoban.errors import InputError, OutputExistsError
 
 UNK, USER, ASSISTANT, END = "<|unk|>", "<|user|>", "<|assistant|>", "<|end|>"
 SPECIAL_TOKENS = [UNK, USER, ASSISTANT, END]
-# The files that make a saved tokenizer folder loadable with AutoTokenizer (copied into checkpoints and shards).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+# The markers as they appear in text, for code that measures or scans what lies between them (bits/char, the leak
+# scan); 3LM's own files also end documents with <|endoftext|>.
+MARKERS = re.compile(r"<\|(?:user|assistant|end|endoftext|unk)\|>")
 
 # `<|user|>Q<|assistant|>A<|end|>` per turn, exactly 3LM's line format. `{% generation %}` marks what the model is
 # trained on (assistant content and the closing <|end|>, so it learns to stop); see `return_assistant_tokens_mask`.

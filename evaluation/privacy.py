@@ -24,7 +24,6 @@ Only masked values ever leave this module (JSON and printed lines): `ta****@exam
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import unicodedata
@@ -36,8 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hitoban.errors import MissingInputError
-from hitoban.provenance import sha256_file, weights_sha256
-from hitoban.release.secrets import TEST_DATA_MARKER
+from hitoban.provenance import TEST_DATA_MARKER, sha256_file, weights_sha256
 from hitoban.training.corpus import PII_LOG
 from hitoban.training.filters import (
     BROAD_EMAIL,
@@ -199,7 +197,7 @@ def probe_model(model_dir: str | os.PathLike, corpus: list[str | os.PathLike], s
                 max_new_tokens: int = 40, progress: bool = True) -> dict:
     """`hitoban pii MODEL --corpus PATH…`: mine candidates, attack the model; status "not measured" when there was
     nothing to try."""
-    from hitoban.evaluation.bpc import load_model_and_tokenizer
+    from hitoban.modeling.loading import load_model_and_tokenizer
 
     candidates, mining = mine_candidates(corpus, samples)
     report = {"kind": "pii-probe", "schema": 2, "model": Path(model_dir).name,
@@ -249,31 +247,15 @@ def plant(documents: list[str], canaries: list[dict], seed: int) -> list[str]:
 
 
 def train_tiny(documents: list[str], tok, out: Path, steps: int, seed: int, log=print):
-    """A tiny model trained on `documents` (batches a pure function of (seed, step), like `hitoban doctor`)."""
-    from hitoban.modeling import HitobanConfig, HitobanForCausalLM
+    """A tiny model trained on `documents` (`training.tiny`, as `hitoban doctor`), saved to `out` with `tok`."""
+    from hitoban.training.tiny import token_stream
+    from hitoban.training.tiny import train_tiny as train
 
-    encoded = tok.backend_tokenizer.encode_batch(documents)
-    stream = np.array([i for enc in encoded for i in enc.ids + [tok.eos_token_id]], dtype=np.int64)
-    torch.manual_seed(seed)
-    model = HitobanForCausalLM(HitobanConfig.from_preset("tiny", vocab_size=len(tok), max_position_embeddings=256))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
-    ctx, batch = 128, 16
-    for step in tqdm(range(steps), desc=f"train {out.name}", disable=None):
-        lr = 3e-3 * min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * step / steps))
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        rng = np.random.default_rng([seed, step])
-        starts = rng.integers(0, len(stream) - ctx - 1, size=batch)
-        window = torch.from_numpy(np.stack([stream[s:s + ctx + 1] for s in starts]))
-        loss = model(window, labels=window).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    log(f"{out.name}: {steps} steps, final loss {loss.item():.3f}")
+    model, losses = train(token_stream(tok, documents), len(tok), steps, seed, desc=f"train {out.name}")
+    log(f"{out.name}: {steps} steps, final loss {losses[-1]:.3f}")
     model.save_pretrained(out)
     tok.save_pretrained(out)
-    return model.eval()
+    return model
 
 
 def _canary_exposure(model, tok, mined: list[tuple[dict, dict]], fresh: list[tuple[dict, str]]) -> dict:
