@@ -86,7 +86,7 @@ def _import_args(p):
 
 @verb("import", "convert a 3LM-MLX or zxell checkpoint into a hitoban folder")(_import_args)
 def _import(args) -> int:
-    from hitoban.modeling.import_checkpoint import import_checkpoint
+    from hitoban.training.import_checkpoint import import_checkpoint
 
     print_json(import_checkpoint(args.src, args.dst, args.format))
     return 0

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from hitoban.cli import main
-from hitoban.modeling.import_checkpoint import CheckpointFormatError, import_checkpoint
+from hitoban.training.import_checkpoint import CheckpointFormatError, import_checkpoint
 
 VOCAB, DIM, LAYERS, HEADS, MLP, CTX = 300, 32, 2, 4, 96, 64
 

@@ -22,9 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from hitoban.errors import InputError, MissingInputError, OutputExistsError, UsageError
-
-from .configuration_hitoban import HitobanConfig
-from .modeling_hitoban import HitobanForCausalLM
+from hitoban.modeling import HitobanConfig, HitobanForCausalLM
 
 FORMATS = ("3lm", "zxell")
 
@@ -190,7 +188,7 @@ def import_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, fmt: str |
         staged = Path(tmp) / "model"
         model.save_pretrained(staged)
         if spm_model is not None:
-            from hitoban.training.tokenizer import tokenizers_from_sentencepiece, wrap_for_transformers
+            from .tokenizer import tokenizers_from_sentencepiece, wrap_for_transformers
 
             tok = tokenizers_from_sentencepiece(spm_model.read_bytes())
             wrap_for_transformers(tok, config.max_position_embeddings).save_pretrained(staged)
