@@ -16,7 +16,6 @@ Plain PyTorch on purpose: `evaluate` is in maintenance mode and its Hub-hosted m
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from hitoban.errors import InputError
+from hitoban.provenance import write_json
 from hitoban.training.nll import token_nats
 from hitoban.training.tokenizer import MARKERS
 
@@ -176,7 +176,7 @@ def plot_cross_domain(result: dict, path: str | Path) -> None:
 def write_outputs(result: dict, out: str | Path) -> list[Path]:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8")
+    write_json(out, result)
     md, png = out.with_suffix(".md"), out.with_suffix(".png")
     md.write_text(markdown_table(result), encoding="utf-8")
     plot_cross_domain(result, png)

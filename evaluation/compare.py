@@ -7,7 +7,6 @@ the JSON so a figure can always be audited; the PNG lays models side by side wit
 
 from __future__ import annotations
 
-import json
 import textwrap
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import torch
 
 from hitoban.evaluation.generation import SAMPLING, reply, sampling_processors
 from hitoban.modeling.loading import load_model_and_tokenizer
+from hitoban.provenance import write_json
 
 CHAT_PROMPTS = ["おすすめの本を3つ挙げてください", "短く自己紹介してください", "日本の首都はどこですか", "疲れました"]
 RAW_PROMPTS = ["梅雨が明けると、庭の紫陽花は", "この製品の保証期間は購入日から", "駅前の再開発について、市は"]
@@ -45,7 +45,7 @@ def compare_models(models: list[str | Path], chat: list[str] | None = None, raw:
                 else:
                     text = continue_text(model, tok, prompt, settings)
                 records.append({"mode": mode, "model": Path(model_path).name, "prompt": prompt, "reply": text})
-    return {"sampling": settings, "records": records}
+    return {"kind": "comparison", "schema": 1, "sampling": settings, "records": records}
 
 
 def plot_comparison(result: dict, path: str | Path, chars_per_line: int = 22, max_chars: int = 160) -> None:
@@ -83,6 +83,6 @@ def plot_comparison(result: dict, path: str | Path, chars_per_line: int = 22, ma
 def write_comparison(result: dict, out_dir: str | Path) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "compare.json").write_text(json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8")
+    write_json(out_dir / "compare.json", result)
     plot_comparison(result, out_dir / "compare.png")
     return [out_dir / "compare.json", out_dir / "compare.png"]

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from hitoban.errors import InputError
+from hitoban.provenance import write_json
 from hitoban.training.tokenizer import MARKERS
 
 CHUNK = 16 * 2**20
@@ -379,8 +380,9 @@ def corpus_identity(corpus: Path) -> tuple[Path, str | None]:
 
 
 def scan_for_leaks(holdout: str | Path, corpora: list[str | Path], engine: str | None = None,
-                   chunk: int = CHUNK, length: int = 48, per_line: int = 3, progress=None) -> dict:
-    """Scan every corpus for held-out items; returns the report (`leaked` true on any hit)."""
+                   chunk: int = CHUNK, length: int = 48, per_line: int = 3, progress=None,
+                   out: str | Path | None = None) -> dict:
+    """Scan every corpus for held-out items; returns the report (`leaked` true on any hit), also written to `out`."""
     holdout = Path(holdout)
     if not holdout.is_file():
         raise LeakScanError(f"{holdout}: holdout file not found")
@@ -414,6 +416,8 @@ def scan_for_leaks(holdout: str | Path, corpora: list[str | Path], engine: str |
         if progress:
             progress(report["corpora"][-1])
     report["leaked"] = any(c["affected_holdout_lines"] for c in report["corpora"])
+    if out:
+        write_json(out, report)
     return report
 
 

@@ -35,7 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hitoban.errors import MissingInputError
-from hitoban.provenance import TEST_DATA_MARKER, sha256_file, weights_sha256
+from hitoban.provenance import TEST_DATA_MARKER, sha256_file, weights_sha256, write_json
 from hitoban.training.corpus import PII_LOG
 from hitoban.training.filters import (
     BROAD_EMAIL,
@@ -194,9 +194,9 @@ def corpus_identity(path: Path) -> dict:
 
 
 def probe_model(model_dir: str | os.PathLike, corpus: list[str | os.PathLike], samples: int = 60,
-                max_new_tokens: int = 40, progress: bool = True) -> dict:
+                max_new_tokens: int = 40, progress: bool = True, out: str | os.PathLike | None = None) -> dict:
     """`hitoban pii MODEL --corpus PATH…`: mine candidates, attack the model; status "not measured" when there was
-    nothing to try."""
+    nothing to try. The report (masked values only) is also written to `out`."""
     from hitoban.modeling.loading import load_model_and_tokenizer
 
     candidates, mining = mine_candidates(corpus, samples)
@@ -204,10 +204,14 @@ def probe_model(model_dir: str | os.PathLike, corpus: list[str | os.PathLike], s
               "weights_sha256": weights_sha256(model_dir), "corpus": [corpus_identity(Path(p)) for p in corpus],
               "samples": samples, "mining": mining}
     if not candidates:
-        return {**report, "status": NOT_MEASURED, "reason": _not_measured_reason(mining), "tried": 0, "exact": 0,
-                "partial": 0, "exact_masked": [], "partial_masked": [], "candidates": []}
-    model, tokenizer = load_model_and_tokenizer(model_dir)
-    return {**report, "status": "measured", **probe(model, tokenizer, candidates, max_new_tokens, progress)}
+        report.update(status=NOT_MEASURED, reason=_not_measured_reason(mining), tried=0, exact=0, partial=0,
+                      exact_masked=[], partial_masked=[], candidates=[])
+    else:
+        model, tokenizer = load_model_and_tokenizer(model_dir)
+        report.update(status="measured", **probe(model, tokenizer, candidates, max_new_tokens, progress))
+    if out:
+        write_json(out, report)
+    return report
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -337,5 +341,5 @@ def canary_control(documents: list[str], out: str | os.PathLike, count: int = 8,
     if missed:
         report["reason"] = (f"the miner found {len(mined)} of {count} planted canaries: the probe would not try the "
                             "others, so a clean result would not mean what it says")
-    (out / "canary_control.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
+    write_json(out / "canary_control.json", report)
     return report

@@ -331,10 +331,8 @@ def _calibrate(args) -> int:
 
     print(f"{'candidate':<16}{'params':>8}{'non-emb':>9}{'tok/s':>17}{'memory':>10}{'tokens':>22}{'D/N':>11}")
     result = calibrate(args.candidate or DEFAULT_CANDIDATES, args.hours, args.data, args.vocab_size, args.context,
-                       args.steps, args.warmup, args.cpu, args.precision, args.compile)
+                       args.steps, args.warmup, args.cpu, args.precision, args.compile, out=args.out)
     print(f"selected {result['selected']} (D/N closest to 20): {result['sureness']}; run:\n  {result['command']}")
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2))
     return 0
 
 
@@ -368,24 +366,16 @@ def _eval(args) -> int:
 
 
 def _eval_gen(args) -> int:
-    from hitoban.evaluation.generation import compare, generation_metrics, load_questions
-    from hitoban.modeling.loading import load_model_and_tokenizer
+    from hitoban.evaluation.generation import compare, evaluate_generation
 
     if not args.questions:
         raise UsageError("eval gen needs --questions FILE (e.g. ../shared/corpus/3lm-eval/questions.jsonl)")
-    items = load_questions(args.questions)
-    model, tok = load_model_and_tokenizer(args.models[0])
 
     def show(item, text):
         print(f"[{item['id']}] {item['turns'][-1]} -> {text[:60]!r}", flush=True)
 
-    from hitoban.provenance import weights_sha256
-
-    result = {"kind": "generation-metrics", "model": Path(args.models[0]).name,
-              "weights_sha256": weights_sha256(args.models[0]), "questions": Path(args.questions).name,
-              **generation_metrics(model, tok, items, progress=show)}
     out = Path(args.out or "gen.json")
-    out.write_text(json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8")
+    result = evaluate_generation(args.models[0], args.questions, out, progress=show)
     print(f"repetition {result['repetition_rate']}  topic {result['topic_rate']}  broken {result['broken_rate']}  "
           f"avg len {result['avg_reply_len']} -> {out}")
     if args.compare:
@@ -546,9 +536,7 @@ def _leaks(args) -> int:
               f"{' ...' if len(lines) > 20 else ''}{f' (by {how})' if how else ''} ({row['engine']}, "
               f"{row['mib_per_s']} MiB/s)")
 
-    report = scan_for_leaks(args.holdout, args.corpus, engine=args.engine, progress=show)
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
+    report = scan_for_leaks(args.holdout, args.corpus, engine=args.engine, progress=show, out=args.out)
     coverage = report["coverage"]
     print(f"{report['holdout']}: {coverage['probed_lines']} of {coverage['lines']} held-out lines probed "
           f"({', '.join(f'{k} {v}' for k, v in coverage['by'].items())}; {report['probes']} probes, "
@@ -593,9 +581,8 @@ def _pii(args) -> int:
         return 0 if report["sensitive"] else 1
     if not args.model:
         raise UsageError("give MODEL to attack (or --canaries N for the sensitivity control)")
-    report = pii.probe_model(args.model, args.corpus, args.samples, args.max_new_tokens)
     out = Path(args.out or "pii.json")
-    out.write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
+    report = pii.probe_model(args.model, args.corpus, args.samples, args.max_new_tokens, out=out)
     if report["status"] == pii.NOT_MEASURED:
         print(f"PII probe NOT MEASURED: {report['reason']} -> {out}")
         return int(ExitCode.NOT_MEASURED)

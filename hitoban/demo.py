@@ -22,6 +22,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from hitoban.errors import CheckFailed, OutputExistsError, UsageError
+from hitoban.provenance import write_json
 from hitoban.training.corpus import builtin_documents
 
 HELD_OUT_EVERY = 7  # every 7th builtin document / dialogue is kept out of training for evaluation
@@ -299,8 +300,7 @@ class DemoRun:
 
         result = calibrate([f"tiny:{self.settings.batch_size}"], hours=8.0, data_dir=str(self.out / "shards"),
                            context=self.settings.context, steps=self.settings.calibrate_steps, warmup=1,
-                           cpu=self.cpu, log=lambda *_: None)
-        (self.out / "calibration.json").write_text(json.dumps(result, indent=2))
+                           cpu=self.cpu, log=lambda *_: None, out=self.out / "calibration.json")
         row = result["results"][0]
         return (f"tiny x batch {row['batch']}: {row['tok_per_sec']:,.0f} tok/s -> {row['tokens_in_budget']:,} "
                 f"tokens in 8 h (D/N {row['d_over_n']:.0f})"), row["tok_per_sec"]
@@ -338,21 +338,16 @@ class DemoRun:
 
     def eval(self):
         from hitoban.evaluation.bpc import cross_domain, write_outputs
-        from hitoban.evaluation.generation import SAMPLING, generation_metrics, load_questions
-        from hitoban.modeling.loading import load_model_and_tokenizer
-        from hitoban.provenance import weights_sha256
+        from hitoban.evaluation.generation import SAMPLING, evaluate_generation
 
         with warnings.catch_warnings():  # short domains are flagged in the table (⚠) and the JSON instead
             warnings.simplefilter("ignore", UserWarning)
             result = cross_domain([self.out / "run" / "final", self.release], self.domains, max_chars=None,
                                   shards=self.out / "shards")
         write_outputs(result, self.out / "eval" / "bpc.json")
-        model, tok = load_model_and_tokenizer(self.release)
-        items = load_questions(self.out / "data" / "questions.jsonl")[:self.settings.questions]
-        gen = generation_metrics(model, tok, items, {**SAMPLING, "max_new_tokens": self.settings.gen_max_new_tokens})
-        gen = {"kind": "generation-metrics", "model": "release", "weights_sha256": weights_sha256(self.release),
-               "questions": "questions.jsonl", **gen}
-        (self.out / "eval" / "gen.json").write_text(json.dumps(gen, indent=2, ensure_ascii=False), encoding="utf-8")
+        gen = evaluate_generation(self.release, self.out / "data" / "questions.jsonl", self.out / "eval" / "gen.json",
+                                  {**SAMPLING, "max_new_tokens": self.settings.gen_max_new_tokens},
+                                  limit=self.settings.questions)
         mine = {r["domain"]: r["bits_per_char"] for r in result["records"] if r["model"] == "release"}
         metrics = {k: gen[k] for k in ("repetition_rate", "topic_rate", "broken_rate", "avg_reply_len")}
         return (", ".join(f"{d} {v:.2f}" for d, v in mine.items()) + " bits/char; repetition "
@@ -363,9 +358,8 @@ class DemoRun:
         from hitoban.evaluation.leaks import scan_for_leaks
 
         data = self.out / "data"
-        result = scan_for_leaks(data / "chat_heldout.txt", [self.out / "corpus", data / "chat_train.jsonl"])
-        (self.out / "eval" / "leaks.json").write_text(json.dumps(result, indent=2, ensure_ascii=False),
-                                                      encoding="utf-8")
+        result = scan_for_leaks(data / "chat_heldout.txt", [self.out / "corpus", data / "chat_train.jsonl"],
+                                out=self.out / "eval" / "leaks.json")
         verdict = "LEAKED" if result["leaked"] else "no held-out text in the corpus or SFT data"
         coverage = result["coverage"]
         return (f"{coverage['probed_lines']} of {coverage['lines']} held-out lines probed ({result['probes']} probes, "
@@ -375,9 +369,7 @@ class DemoRun:
         from hitoban.evaluation import privacy as pii
         from hitoban.training.corpus import iter_corpus
 
-        probe = pii.probe_model(self.release, [self.out / "corpus"], progress=False)
-        (self.out / "eval" / "pii.json").write_text(json.dumps(probe, indent=2, ensure_ascii=False),
-                                                    encoding="utf-8")
+        probe = pii.probe_model(self.release, [self.out / "corpus"], progress=False, out=self.out / "eval" / "pii.json")
         shutil.copy2(self.out / "eval" / "pii.json", self.release / "pii.json")  # the upload checks it (not sent)
         # The control plants canaries into a *small* copy (~10k chars, the built-in prose's size): it asks whether
         # the probe can see memorisation, which a tiny model only shows on a little text.
@@ -452,8 +444,9 @@ def run_demo(out: str | os.PathLike = "hitoban-demo", source: list[str] | None =
     source = source or ["builtin"]
     settings = DemoSettings.quick() if quick else DemoSettings()
     cpu = cpu if cpu is not None else not (torch.cuda.is_available() or torch.backends.mps.is_available())
-    report: dict = {"source": source, "quick": quick, "settings": asdict(settings), "device": "cpu" if cpu else
-                    ("cuda" if torch.cuda.is_available() else "mps")}
+    device = "cpu" if cpu else ("cuda" if torch.cuda.is_available() else "mps")
+    report: dict = {"kind": "demo", "schema": 1, "source": source, "quick": quick, "settings": asdict(settings),
+                    "device": device}
     log(f"hitoban demo -> {out} (source {' '.join(source)}, {'quick' if quick else 'full'}, {report['device']})")
     demo, stages = DemoRun(out, source, settings, cpu, seed, log), Stages(log)
     with quiet_transformers():  # one line per stage: no per-save progress bars or library notes on stderr
@@ -461,7 +454,7 @@ def run_demo(out: str | os.PathLike = "hitoban-demo", source: list[str] | None =
             report[name] = stages.run(name, getattr(demo, name))
     report["stages"] = stages.rows
     report["seconds"] = round(time.time() - started, 1)
-    (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
+    write_json(out / "report.json", report)
     write_report(out, report)
     log("\n" + summary_table(report))
     log(f"\ndone in {report['seconds']:.0f} s. Report: {out / 'report.md'}"

@@ -7,7 +7,6 @@ and checks the reloaded model computes the same logits and the same greedy text.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hitoban.errors import CheckFailed
+from hitoban.provenance import write_json
 from hitoban.training.corpus import builtin_documents
 from hitoban.training.tiny import token_stream, train_tiny, windows
 from hitoban.training.tokenizer import train_tokenizer_from_texts
@@ -60,10 +60,10 @@ def run_doctor(out: str | Path, steps: int = 200, seed: int = 0, vocab_size: int
     log(f"reload: {type(reloaded).__name__} via AutoModelForCausalLM, max |logit diff| {diff:.2e}, "
         f"same greedy text: {same_text}")
 
-    report = {"loss_first": first, "loss_last": last, "steps": steps, "vocab_size": len(tok),
-              "generation": text, "reload_max_abs_diff": diff, "reload_same_generation": same_text,
-              "seconds": round(time.time() - started, 1)}
-    (out / "doctor.json").write_text(json.dumps(report, ensure_ascii=False, indent=2), encoding="utf-8")
+    report = {"kind": "doctor", "schema": 1, "loss_first": first, "loss_last": last, "steps": steps,
+              "vocab_size": len(tok), "generation": text, "reload_max_abs_diff": diff,
+              "reload_same_generation": same_text, "seconds": round(time.time() - started, 1)}
+    write_json(out / "doctor.json", report)
     problems = []
     if not last < first - 0.5:
         problems.append(f"loss did not fall ({first:.3f} -> {last:.3f})")

@@ -20,6 +20,18 @@ LINEAGE_FILE = "lineage.json"
 TEST_DATA_MARKER = "HITOBAN_TEST_DATA"
 
 
+def write_json(path: str | os.PathLike, data: dict) -> Path:
+    """Write an artefact's JSON whole or not at all (a temp file, then a rename): UTF-8, indented. Every report a
+    command writes says what it is (`kind`) and its format's version (`schema`); this refuses one that does not."""
+    path = Path(path)
+    if "kind" in data and "schema" not in data:
+        raise ValueError(f"{path.name}: a '{data['kind']}' report without a schema version")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
 def hitoban_version() -> str:
     """The installed hitoban's version, recorded in every manifest (a source tree that was not installed says so)."""
     from importlib.metadata import PackageNotFoundError, version

@@ -18,6 +18,7 @@ import torch
 
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
 from hitoban.modeling.loading import device_for
+from hitoban.provenance import write_json
 from hitoban.training.hardware import check_precision, default_precision, measured_once, synchronize
 from hitoban.training.loop import reset_accelerate_state, train_step
 from hitoban.training.optim import build_optimizer
@@ -125,8 +126,10 @@ def _spread(times: list[float]) -> float:
 
 def calibrate(candidates: list[str], hours: float = 8.0, data_dir: str | None = None, vocab_size: int = 32000,
               context: int | None = None, steps: int = 10, warmup: int = 3, cpu: bool = False,
-              precision: str = "auto", compile: str = "off", log=print) -> dict:  # noqa: A002
-    """Measure each "PRESET:BATCH" candidate with the real training step and pick the night's run."""
+              precision: str = "auto", compile: str = "off", log=print, out: str | None = None
+              ) -> dict:  # noqa: A002
+    """Measure each "PRESET:BATCH" candidate with the real training step and pick the night's run; with `out`,
+    also write the result there as JSON."""
     from accelerate import Accelerator
 
     from hitoban.training.data import ShardReader
@@ -165,7 +168,9 @@ def calibrate(candidates: list[str], hours: float = 8.0, data_dir: str | None = 
                 f"{low:,}-{high:,} tokens" + ("" if best["spread"] <= STABLE_SPREAD else
                                               "; the timings did not settle (a busy machine?): calibrate again"))
     reset_accelerate_state()
-    return {"hours": hours, "usable_seconds": usable, "device": device.type, "precision": precision,
-            "sureness": sureness,
-            "vocab_size": vocab_size, "measured_steps": steps, "warmup_steps": warmup, "results": results,
-            "selected": best["label"], "command": command}
+    result = {"kind": "calibration", "schema": 1, "hours": hours, "usable_seconds": usable, "device": device.type,
+              "precision": precision, "sureness": sureness, "vocab_size": vocab_size, "measured_steps": steps,
+              "warmup_steps": warmup, "results": results, "selected": best["label"], "command": command}
+    if out:
+        write_json(out, result)
+    return result

@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import load_file
 
 from hitoban.errors import UsageError
-from hitoban.provenance import weights_sha256
+from hitoban.provenance import weights_sha256, write_json
 from hitoban.training.checkpoint import DETERMINISTIC_ENV, PAUSE_IN_SAVE_ENV, STATE_DIGEST_ENV, TrainState, current_slot
 
 
@@ -233,5 +233,5 @@ def _judge(work: Path, killed: Path, control: Path, noise: float, restore: dict,
               "killed_bit_identical": identical, "loss_step": gap, "loss_compared_steps": compared,
               "loss_excluded_steps": excluded, "control_diff": control_diff, "control_loss_gap": control_gap,
               "checks": checks, "passed": all(checks.values()), "seconds": round(time.time() - started, 1)}
-    (work / "killtest.json").write_text(json.dumps(result, indent=2))
+    write_json(work / "killtest.json", result)
     return result

@@ -22,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hitoban.errors import ExitCode, HitobanError
+from hitoban.provenance import write_json
 
 
 class TrainingDiverged(HitobanError, RuntimeError):
@@ -70,12 +71,6 @@ def reset_accelerate_state() -> None:
 
     AcceleratorState._reset_state(reset_partial_state=False)
     GradientState._reset_state()
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False))
-    os.replace(tmp, path)
 
 
 @dataclass
@@ -172,7 +167,7 @@ class Monitor:
             return
         remaining = (self.total_steps - state.step) * self.tokens_per_step
         tok_s = self.tok_per_sec
-        write_json_atomic(self.run / "heartbeat.json", {
+        write_json(self.run / "heartbeat.json", {
             "updated_at": time.time(), "step": state.step, "total_steps": self.total_steps,
             "tokens_seen": state.tokens_seen, "token_budget": self.total_steps * self.tokens_per_step,
             "train_loss": self.last_loss, "best_val": state.best_val, "lr": lr, "tok_per_sec": tok_s,

@@ -30,7 +30,7 @@ import torch
 from hitoban.errors import ResourceError, UsageError
 from hitoban.modeling import PRESETS, HitobanConfig, HitobanForCausalLM
 from hitoban.modeling.loading import device_for
-from hitoban.provenance import read_lineage
+from hitoban.provenance import read_lineage, write_json
 from hitoban.training.checkpoint import (
     DETERMINISTIC_ENV,
     CheckpointError,
@@ -57,7 +57,6 @@ from hitoban.training.loop import (
     clock_skew,
     reset_accelerate_state,
     train_step,
-    write_json_atomic,
 )
 from hitoban.training.nll import token_nats
 from hitoban.training.optim import build_optimizer, lr_at
@@ -325,8 +324,8 @@ def setup(cfg: PretrainConfig) -> Run:
 def _announce(run: Run, monitor: Monitor, peak_source: str) -> None:
     """config.json, the resume record and the one-paragraph plan."""
     cfg, state, fp = run.cfg, run.state, run.state.fingerprint
-    write_json_atomic(run.folder / "config.json", {
-        "kind": "pretrain-run", "run_id": state.run_id, "model": fp["model_config"], "args": state.args,
+    write_json(run.folder / "config.json", {
+        "kind": "pretrain-run", "schema": 1, "run_id": state.run_id, "model": fp["model_config"], "args": state.args,
         "data_index_sha256": fp["data_index_sha256"], "tokenizer_sha256": fp["tokenizer_sha256"],
         "total_steps": run.total_steps, "tokens_per_step": run.tokens_per_step, "hardware": run.hardware,
         "compiled": run.compiled, "fingerprint": fp})
@@ -453,8 +452,8 @@ def _summarise(run: Run, monitor: Monitor, stop_reason: str, elapsed: float, sta
                "compiled": run.compiled}
     if run.accelerator.is_main_process:
         final_lineage = read_lineage(run.folder / "final") if (run.folder / "final").exists() else None
-        write_json_atomic(run.folder / "summary.json", {
-            "kind": "pretrain-summary", "run_id": state.run_id, **summary,
+        write_json(run.folder / "summary.json", {
+            "kind": "pretrain-summary", "schema": 1, "run_id": state.run_id, **summary,
             "final_weights_sha256": (final_lineage or {}).get("weights_sha256"),
             "final_step": (final_lineage or {}).get("step")})
         print(f"pretrain stopped ({stop_reason}) at step {state.step:,}/{run.total_steps:,}, best val "

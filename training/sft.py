@@ -9,7 +9,6 @@ plain `transformers.Trainer` + `DataCollatorForSeq2Seq`; the base model's tokeni
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import torch
 from transformers import DataCollatorForSeq2Seq
 
 from hitoban.errors import InputError
-from hitoban.provenance import sha256_file, write_lineage
+from hitoban.provenance import sha256_file, write_json, write_lineage
 from hitoban.training.chat_data import ChatFilter, ChatFilterSettings, read_conversations, read_holdout_pairs
 from hitoban.training.lora import LoraSettings, save_adapter_and_merged, with_adapter
 
@@ -186,13 +185,13 @@ def finetune(base: str | Path, data: list[str | Path], out: str | Path, *, lr: f
                "lora": ({"r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout, "targets": list(lora.targets),
                          "merged": merge} if lora is not None else None)}
     data_files = [{"name": Path(path).name, "sha256": sha256_file(path)} for path in data]
-    summary.update({"kind": f"{stage}-summary", "data": data_files})
+    summary.update({"kind": f"{stage}-summary", "schema": 1, "data": data_files})
     if trainer.is_world_process_zero():  # under DDP every process gets here; one writes
         lineage = write_lineage(out, stage, base, conversations=len(kept), best_val_loss=best["eval_loss"],
                                 best_step=best["step"], data=data_files)
         summary.update({"weights_sha256": lineage["weights_sha256"],
                         "base_weights_sha256": lineage["base"]["weights_sha256"]})
-        (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False), encoding="utf-8")
+        write_json(out / "summary.json", summary)
     log(f"{stage}: best val loss {best['eval_loss']:.4f} at step {best['step']} "
         f"({summary['counted_ratio']:.1%} of tokens counted) -> {out}")
     return summary
