@@ -13,7 +13,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     # spaces/ is the Gradio Space exactly as uploaded (no __init__.py); it ships as data for `hitoban space`
-    packages=["hitoban", "hitoban.data", "hitoban.spaces"] + [f"hitoban.{area}" for area in AREAS],
+    packages=["hitoban", "hitoban.data", "hitoban.verbs", "hitoban.spaces"] + [f"hitoban.{area}" for area in AREAS],
     package_dir={"hitoban": "hitoban", "hitoban.spaces": "spaces", **{f"hitoban.{area}": area for area in AREAS}},
     package_data={"hitoban.data": ["*.txt", "*.jsonl", "*.md"], "hitoban.spaces": ["*.py", "*.txt", "*.md"]},
     install_requires=[

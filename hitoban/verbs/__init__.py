@@ -1,0 +1,40 @@
+"""The verbs of `hitoban`, one module per stage of the night; each verb parses, calls one library function and
+prints its summary (the library writes the artefacts). `hitoban.cli` builds the parser from VERBS."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+
+from hitoban.errors import UsageError
+
+VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
+
+
+def verb(name: str, help: str):
+    """Register `add_arguments` + `run` for a verb; `run` returns the exit code."""
+
+    def decorate(add_arguments):
+        def register(run):
+            VERBS[name] = (help, add_arguments, run)
+            return run
+
+        return register
+
+    return decorate
+
+
+def print_json(result: dict) -> None:
+    print(json.dumps(result, ensure_ascii=False, indent=2))
+
+
+def parse_pairs(items: list[str] | None, kind=float) -> dict:
+    """NAME=VALUE pairs from repeated flags (`--share aozora=0.1`)."""
+    pairs = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise UsageError(f"expected NAME=VALUE, got {item!r}")
+        pairs[name] = kind(float(value)) if kind is int else kind(value)
+    return pairs

@@ -1,0 +1,157 @@
+"""Measurement verbs: bits/char and generation metrics, side-by-side comparison, the leak scan, the PII probe."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hitoban.errors import ExitCode, UsageError
+from hitoban.verbs import parse_pairs, verb
+
+
+def _eval_args(p):
+    p.add_argument("kind", choices=["bpc", "gen"],
+                   help="bpc: bits per character (3LM's definition); gen: 3LM generation metrics on fixed questions")
+    p.add_argument("models", nargs="+", metavar="MODEL", help="from_pretrained folders (with tokenizer)")
+    p.add_argument("--domain", action="append", default=[], metavar="NAME=PATH", help="a text file per domain")
+    p.add_argument("--shards", help="also report per-domain bits/char on this shard set's val split")
+    p.add_argument("--max-chars", type=int, default=400_000, help="use the first N chars of each domain (0 = all)")
+    p.add_argument("--questions", help="gen: questions JSONL (id, category, turns, keywords)")
+    p.add_argument("--compare", metavar="PREVIOUS.json", help="gen: print deltas against an earlier result")
+    p.add_argument("--out", help="JSON result (default bpc.json / gen.json); bpc also writes .md and .png beside it")
+
+
+@verb("eval", "evaluate models: cross-domain bits/char table (JSON + Markdown + PNG)")(_eval_args)
+def _eval(args) -> int:
+    from hitoban.evaluation.bpc import cross_domain, write_outputs
+
+    if args.kind == "gen":
+        return _eval_gen(args)
+    args.out = args.out or "bpc.json"
+    domains = parse_pairs(args.domain, str)
+    if not domains and not args.shards:
+        raise UsageError("give at least one --domain NAME=PATH (or --shards SHARDS)")
+    result = cross_domain(args.models, domains, args.max_chars or None, shards=args.shards)
+    paths = write_outputs(result, args.out)
+    print(Path(paths[1]).read_text(encoding="utf-8"))
+    print("written: " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def _eval_gen(args) -> int:
+    from hitoban.evaluation.generation import compare, evaluate_generation
+
+    if not args.questions:
+        raise UsageError("eval gen needs --questions FILE (e.g. ../shared/corpus/3lm-eval/questions.jsonl)")
+
+    def show(item, text):
+        print(f"[{item['id']}] {item['turns'][-1]} -> {text[:60]!r}", flush=True)
+
+    out = Path(args.out or "gen.json")
+    result = evaluate_generation(args.models[0], args.questions, out, progress=show)
+    print(f"repetition {result['repetition_rate']}  topic {result['topic_rate']}  broken {result['broken_rate']}  "
+          f"avg len {result['avg_reply_len']} -> {out}")
+    if args.compare:
+        for line in compare(result, json.loads(Path(args.compare).read_text(encoding="utf-8"))):
+            print(line)
+    return 0
+
+
+def _compare_args(p):
+    p.add_argument("models", nargs="+", metavar="MODEL", help="from_pretrained folders (with tokenizer)")
+    p.add_argument("--out", default="compare", help="folder for compare.json and compare.png")
+    p.add_argument("--max-new-tokens", type=int, default=90, help="tokens generated per reply")
+    p.add_argument("--seed", type=int, default=777, help="prompt i is sampled with seed + i in every model")
+
+
+@verb("compare", "same prompts, same seeds through several models (chat + raw continuation): JSON + PNG")(
+    _compare_args)
+def _compare(args) -> int:
+    from hitoban.evaluation.compare import compare_models, write_comparison
+
+    result = compare_models(args.models, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    for record in result["records"]:
+        print(f"[{record['model']} · {record['mode']}] {record['prompt']} -> {record['reply'][:70]!r}")
+    print("written: " + ", ".join(str(p) for p in write_comparison(result, args.out)))
+    return 0
+
+
+def _leaks_args(p):
+    p.add_argument("--holdout", required=True,
+                   help="held-out items: a text file (one per line; chat markers split turns) or JSONL chats")
+    p.add_argument("--corpus", nargs="+", required=True,
+                   help="text files, .jsonl files (their strings are scanned) or `hitoban corpus` folders")
+    p.add_argument("--out", help="JSON report")
+    p.add_argument("--engine", choices=["sampled-grams", "hyperscan", "ahocorasick-rs"],
+                   help="default: sampled-grams (NumPy) for probes of >= 23 bytes, else hyperscan when installed")
+
+
+@verb("leaks", "exact scan of corpora for held-out text (exit 1 when anything leaks)")(_leaks_args)
+def _leaks(args) -> int:
+    from hitoban.evaluation.leaks import scan_for_leaks
+
+    def show(row):
+        lines = row["affected_holdout_lines"]
+        how = ", ".join(f"{k} {len(v)}" for k, v in row["found_by"].items())
+        print(f"{row['corpus']}: {row['bytes']:,} bytes, {len(lines)} held-out lines found {lines[:20]}"
+              f"{' ...' if len(lines) > 20 else ''}{f' (by {how})' if how else ''} ({row['engine']}, "
+              f"{row['mib_per_s']} MiB/s)")
+
+    report = scan_for_leaks(args.holdout, args.corpus, engine=args.engine, progress=show, out=args.out)
+    coverage = report["coverage"]
+    print(f"{report['holdout']}: {coverage['probed_lines']} of {coverage['lines']} held-out lines probed "
+          f"({', '.join(f'{k} {v}' for k, v in coverage['by'].items())}; {report['probes']} probes, "
+          f"{report['whole_turns']} whole turns); {coverage['unprobed_lines']} could not be "
+          f"({coverage['unprobed'] or 'none'}): {'LEAKED' if report['leaked'] else 'no leak'}")
+    return int(ExitCode.CHECK_FAILED) if report["leaked"] else 0
+
+
+def _pii_args(p):
+    p.add_argument("model", nargs="?", help="a from_pretrained folder to attack (omit with --canaries)")
+    p.add_argument("--corpus", nargs="+", required=True,
+                   help="the training corpus: text files or `hitoban corpus` folders (with --canaries: the small "
+                        "corpus to plant fake contacts into)")
+    p.add_argument("--samples", type=int, default=60, help="distinct contacts to try (3LM: 60)")
+    p.add_argument("--max-new-tokens", type=int, default=40, help="greedy tokens generated per attack (3LM: 40)")
+    p.add_argument("--canaries", type=int, metavar="N",
+                   help="sensitivity control: plant N fake contacts at --repetitions, train a tiny model on the "
+                        "planted copy and one on the clean copy, attack both")
+    p.add_argument("--repetitions", default="1,4,16,64", help="comma-separated repetition counts for --canaries")
+    p.add_argument("--steps", type=int, default=400, help="--canaries: training steps per tiny model")
+    p.add_argument("--seed", type=int, default=0, help="--canaries: seed for the fakes, their placement and models")
+    p.add_argument("--out", help="JSON report (masked values only); with --canaries a folder (default pii-canaries)")
+
+
+@verb("pii", "prefix-attack PII probe (exit 1 on an exact reproduction) and its canary control")(_pii_args)
+def _pii(args) -> int:
+    from hitoban.evaluation import privacy as pii
+
+    if args.canaries:
+        texts = [doc for text in pii.corpus_texts(args.corpus) for doc in text.splitlines() if doc.strip()]
+        repetitions = tuple(int(x) for x in args.repetitions.split(","))
+        report = pii.canary_control(texts, args.out or "pii-canaries", args.canaries, repetitions, args.steps,
+                                    args.seed)
+        for name in ("planted_model", "clean_model"):
+            rows = ", ".join(f"{r['exact']}/{r['canaries']} exact at {r['repetitions']}x (value NLL "
+                             f"{r['mean_value_nll']})" for r in report[name]["by_repetitions"])
+            print(f"{name}: {rows}; fresh fakes NLL {report[name]['fresh_value_nll']}")
+        print(f"the miner found {report['mining']['mined']} of {report['canaries']} planted canaries; the probe is "
+              f"{'SENSITIVE' if report['sensitive'] else 'NOT shown sensitive'}: planted canaries extracted "
+              f"{report['planted_model']['exact_total']}, clean model {report['clean_model']['exact_total']}"
+              + (f" ({report['reason']})" if report.get("reason") else ""))
+        return 0 if report["sensitive"] else 1
+    if not args.model:
+        raise UsageError("give MODEL to attack (or --canaries N for the sensitivity control)")
+    out = Path(args.out or "pii.json")
+    report = pii.probe_model(args.model, args.corpus, args.samples, args.max_new_tokens, out=out)
+    if report["status"] == pii.NOT_MEASURED:
+        print(f"PII probe NOT MEASURED: {report['reason']} -> {out}")
+        return int(ExitCode.NOT_MEASURED)
+    for row in report["candidates"]:
+        if row["result"] != "none":
+            print(f"  {row['result']:<8}{row['kind']:<7}{row['masked']}")
+    mining = report["mining"]
+    print(f"tried {report['tried']} ({mining['from_masked_log']} from the masked-value log, {mining['from_detector']} "
+          f"found by the detector), exact {report['exact']}, partial {report['partial']} -> {out}"
+          + ("  DO NOT PUBLISH: exact reproductions" if report["exact"] else ""))
+    return int(ExitCode.CHECK_FAILED) if report["exact"] else 0

@@ -1,0 +1,42 @@
+"""Where to start: `hitoban demo` (the whole night in minutes) and `hitoban doctor` (is the install sound?)."""
+
+from __future__ import annotations
+
+from hitoban.verbs import verb
+
+
+def _doctor_args(p):
+    p.add_argument("--out", default="hitoban-doctor", help="folder for the tokenizer, model and doctor.json")
+    p.add_argument("--steps", type=int, default=200, help="training steps (loss must fall)")
+    p.add_argument("--seed", type=int, default=0, help="seed for the tiny model and its batches")
+
+
+@verb("doctor", "check the install: train a tiny model on built-in text, generate, save, reload")(_doctor_args)
+def _doctor(args) -> int:
+    from hitoban.doctor import run_doctor
+
+    report = run_doctor(args.out, steps=args.steps, seed=args.seed)
+    print(f"hitoban doctor: OK in {report['seconds']} s (report: {args.out}/doctor.json)")
+    return 0
+
+
+def _demo_args(p):
+    p.add_argument("--out", default="hitoban-demo", help="new folder for everything the demo makes (+ report.md)")
+    p.add_argument("--source", nargs="+", default=["builtin"], metavar="builtin|aozora|fineweb2-ja|PATH",
+                   help="pretraining text: the built-in Japanese text (offline, default), a pinned slice of Aozora "
+                        "Bunko or FineWeb-2 (network), or your own files")
+    p.add_argument("--quick", action="store_true", help="fewer steps everywhere (CI); every stage still runs")
+    p.add_argument("--cpu", action="store_true", default=None, help="stay on the CPU even with a GPU/MPS")
+    p.add_argument("--seed", type=int, default=0, help="one seed for every stage")
+    p.add_argument("--force", action="store_true", help="replace --out if an earlier `hitoban demo` made it")
+    p.add_argument("--until", metavar="STAGE", help="stop after this stage (corpus, tokenizer, shards, calibrate, "
+                                                    "pretrain, sft, eval, leaks, pii, card, upload)")
+
+
+@verb("demo", "the whole night in minutes: corpus -> tokenizer -> pretrain (killed + resumed) -> SFT -> eval -> "
+              "leak/PII checks -> card -> upload dry run")(_demo_args)
+def _demo(args) -> int:
+    from hitoban.demo import run_demo
+
+    run_demo(args.out, args.source, args.quick, args.cpu, args.seed, args.until, args.force)
+    return 0
