@@ -24,9 +24,10 @@ from hitoban.training.checkpoint import TrainState, load_checkpoint, save_checkp
 from hitoban.training.data import ShardReader
 from hitoban.training.hardware import default_precision
 from hitoban.training.loop import reset_accelerate_state, train_step
+from hitoban.training.night import evaluate
 from hitoban.training.optim import AdamW, build_optimizer
 from hitoban.training.options import DEFAULT_LR
-from hitoban.training.pretrain import PretrainConfig, evaluate, pretrain
+from hitoban.training.pretrain import PretrainConfig, pretrain
 
 
 def bare_tok_s(data: str, preset: str, steps: int, batch: int, context: int, precision: str,

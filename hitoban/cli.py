@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from hitoban.errors import ExitCode, HitobanError
-from hitoban.verbs import VERBS, data, finetune, measure, models, night, publish, start  # noqa: F401 (registers)
+from hitoban.verbs import VERBS, data, finetune, measure, models, pretraining, publish, start  # noqa: F401
 
 PIPELINE = {  # the order a night goes in; `hitoban --help` lists the verbs this way
     "start here": ["demo", "doctor"],

@@ -304,7 +304,7 @@ def test_resume_with_dropout_is_bit_identical(tiny_shards, tmp_path):
     # negative control: without the per-step seeding the same interruption would differ; a different dropout
     # stream (another seed for the masks) is visible in the weights
     other = config(tiny_shards, tmp_path / "other", steps=8, dropout=0.1, eval_every=100)
-    from hitoban.training import pretrain as pretrain_module
+    from hitoban.training import night as pretrain_module
 
     original = pretrain_module.step_seed
     try:
