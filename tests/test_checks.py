@@ -78,7 +78,7 @@ def test_non_editable_install_has_every_area_package_and_the_builtin_text(tmp_pa
     assert install.returncode == 0, install.stderr[-2000:]
     code = ("import hitoban, hitoban.modeling, hitoban.training.pretrain, hitoban.evaluation.kvcache, hitoban.release;"
             "from hitoban.training.corpus import builtin_documents; assert len(builtin_documents()) > 10;"
-            "from hitoban.demo import builtin_chats; assert len(builtin_chats()) >= 50;"
+            "from hitoban.demo_data import builtin_chats; assert len(builtin_chats()) >= 50;"
             "from hitoban.release.upload import space_source; s = space_source();"
             "assert (s / 'requirements.txt').exists() and str(s).startswith(hitoban.__file__.rsplit('/', 2)[0]);"
             "print(hitoban.__file__)")

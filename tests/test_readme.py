@@ -121,7 +121,7 @@ def run_in_process(lang: str, code: str, env) -> None:
 def make_my_texts(folder) -> None:
     """The recipe's `my_texts/`: real literature (linked from ../shared) plus one document with three fake contacts
     (Faker), as real text would have, so the PII probe has something to try through the masked-value log."""
-    from hitoban.demo import fake_notice
+    from hitoban.demo_data import fake_notice
 
     folder.mkdir()
     books = sorted((CORPUS / "literature").glob("*.txt"))[:60]
