@@ -26,7 +26,8 @@ def main() -> None:
     parser.add_argument("--holdout", default="holdout.txt", help="file in 3lm-eval/ (holdout.txt: 658 probes)")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from hitoban.evaluation.leaks import _Matcher, make_probes, scan_for_leaks
+    from hitoban.evaluation.leaks import make_probes, scan_for_leaks
+    from hitoban.evaluation.matching import Matcher
 
     corpus = Path(args.shared) / "corpus"
     sources = sorted((corpus / "literature").glob("0*.txt")) + sorted((corpus / "web-or-wiki").glob("*.txt"))
@@ -47,7 +48,7 @@ def main() -> None:
               f"3lm-eval/{args.holdout}")
         for engine in ("sampled-grams", "hyperscan", "ahocorasick-rs"):
             try:
-                _Matcher([b"x" * 96], engine)  # raises ImportError when the library is missing
+                Matcher([b"x" * 96], engine)  # raises ImportError when the library is missing
             except ImportError:
                 print(f"{engine:<16} not installed")
                 continue

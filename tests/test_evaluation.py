@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from hitoban.cli import main
 from hitoban.errors import InputError
 from hitoban.evaluation.bpc import BpcError, bits_per_char, cross_domain, write_outputs
-from hitoban.evaluation.leaks import LeakScanError, _Matcher, make_probes, scan_bytes_chunks, scan_for_leaks, self_test
+from hitoban.evaluation.leaks import LeakScanError, make_probes, scan_for_leaks, self_test
+from hitoban.evaluation.matching import Matcher, scan_bytes_chunks
 from hitoban.modeling.loading import load_model_and_tokenizer
 
 HOLDOUT_LINE = ("<|user|>日本で一番高い山の名前とその標高はどれくらいですか？また、その山が位置している地域について"
@@ -37,11 +38,11 @@ def test_probes_follow_the_3lm_construction():
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_self_test_passes_for_each_engine(engine):
-    self_test(lambda patterns: _Matcher(patterns, engine))
+    self_test(lambda patterns: Matcher(patterns, engine))
 
 
 def test_self_test_fails_for_a_scanner_that_misses_chunk_borders():
-    class WithinChunkOnly(_Matcher):
+    class WithinChunkOnly(Matcher):
         """Negative control: drops every match that needed the overlap carried from the previous chunk."""
 
         def find(self, data):
@@ -59,7 +60,7 @@ def test_a_planted_probe_is_found_exactly_once_at_any_byte_offset(offset, chunk,
     near_miss = probe[:-3] + "。".encode()  # differs in the last character only
     filler = (FILLER * 40).encode()
     data = filler[:offset] + probe + filler[offset:]
-    matcher = _Matcher([probe, near_miss], engine)
+    matcher = Matcher([probe, near_miss], engine)
     counts, _ = scan_bytes_chunks((data[i : i + chunk] for i in range(0, len(data), chunk)), matcher)
     assert counts[0] == 1 and counts[1] == 0
 
@@ -72,12 +73,12 @@ def found_at_each_alignment(matcher) -> list[int]:
 
 
 def test_sampled_grams_find_a_probe_at_every_alignment_and_the_control_does_not():
-    from hitoban.evaluation.leaks import SampledGrams
+    from hitoban.evaluation.matching import SampledGrams
 
     probe = next(iter(make_probes([HOLDOUT_LINE]))).encode()
-    assert found_at_each_alignment(_Matcher([probe], "sampled-grams")) == [1] * 16
+    assert found_at_each_alignment(Matcher([probe], "sampled-grams")) == [1] * 16
 
-    matcher = _Matcher([probe], "sampled-grams")  # negative control: keep only the grams at offset 0 of the probe
+    matcher = Matcher([probe], "sampled-grams")  # negative control: keep only the grams at offset 0 of the probe
     matcher.grams.keys = {k: [(p, o) for p, o in v if o == 0] for k, v in matcher.grams.keys.items()}
     matcher.grams.keys = {k: v for k, v in matcher.grams.keys.items() if v}
     matcher.grams.sorted_keys = np.array(sorted(matcher.grams.keys), dtype=np.uint64)
@@ -162,7 +163,7 @@ def test_held_out_dialogues_written_as_jsonl_messages_are_found(tmp_path, corpus
 def test_the_self_test_fails_for_a_scanner_blind_to_jsonl_or_to_short_turns(monkeypatch):
     from hitoban.evaluation import leaks
 
-    factory = lambda patterns: _Matcher(patterns, "sampled-grams")  # noqa: E731
+    factory = lambda patterns: Matcher(patterns, "sampled-grams")  # noqa: E731
     with monkeypatch.context() as patch:  # reads JSONL as raw bytes: escaped text hides the dialogue
         patch.setattr(leaks, "corpus_chunks", leaks._file_chunks)
         with pytest.raises(LeakScanError, match="dialogue of short turns"):
