@@ -8,10 +8,13 @@ new token at position 0 instead of its true position; the check must then fail (
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from transformers import DynamicCache
 
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
+from hitoban.modeling.loading import device_for
 
 KVCACHE_CONFIG = dict(vocab_size=512, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
                       max_position_embeddings=64)
@@ -19,14 +22,17 @@ KVCACHE_CONFIG = dict(vocab_size=512, hidden_size=64, num_hidden_layers=3, num_a
 
 @torch.no_grad()
 def check_kvcache(
-    model: HitobanForCausalLM | None = None,
+    model: HitobanForCausalLM | str | Path | None = None,
     prompt_len: int = 5,
     steps: int = 12,
     seed: int = 1234,
     atol: float = 1e-5,
     break_rope_offset: bool = False,
 ) -> dict:
-    """Greedy-decode `steps` tokens with the cache and compare each step's logits with a full forward."""
+    """Greedy-decode `steps` tokens with the cache and compare each step's logits with a full forward. `model`: a
+    model, a from_pretrained folder, or None for a random tiny model."""
+    if isinstance(model, (str, Path)):
+        model = HitobanForCausalLM.from_pretrained(model).to(device_for())
     torch.manual_seed(seed)
     model = (model or HitobanForCausalLM(HitobanConfig(**KVCACHE_CONFIG))).float().eval()
     ids = torch.randint(0, model.config.vocab_size, (1, prompt_len)).to(model.device)

@@ -64,15 +64,7 @@ def _kvcache_args(p):
 def _kvcache(args) -> int:
     from hitoban.evaluation.kvcache import check_kvcache
 
-    model = None
-    if args.model:
-        from transformers import AutoModelForCausalLM
-
-        import hitoban.modeling  # noqa: F401  (registers the Auto classes)
-        from hitoban.modeling.loading import device_for
-
-        model = AutoModelForCausalLM.from_pretrained(args.model).to(device_for())
-    result = check_kvcache(model, steps=args.steps, atol=args.atol, break_rope_offset=args.break_rope_offset)
+    result = check_kvcache(args.model, steps=args.steps, atol=args.atol, break_rope_offset=args.break_rope_offset)
     verdict = "PASS" if result["passed"] else "FAIL"
     print(f"kv-cache check {verdict}: max |diff| {result['max_abs_diff']:.3e}, mean {result['mean_abs_diff']:.3e} "
           f"over {result['positions_checked']} positions (limit {args.atol:g})")
