@@ -286,6 +286,7 @@ def test_batches_are_a_pure_function_of_seed_and_step(pipeline):
     assert np.array_equal(np.concatenate(halves), a)
 
 
+@pytest.mark.slow  # two fresh interpreters (~10 s)
 def test_batches_are_identical_across_processes(pipeline):
     root, _ = pipeline
     code = ("import sys, hashlib; from hitoban.training.data import ShardReader; "

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, Trainer, TrainingArguments, pipeline
 
@@ -129,6 +130,7 @@ PLAIN_TOKENIZER = BLOCKED_LOAD.split("import torch\n")[0] + textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # trains the shared 60-step model and starts two interpreters (~11 s)
 def test_plain_autotokenizer_loads_hitoban_folders_without_hitoban(tiny_shards, pretrained, tmp_path):
     """Tokenizer, shard and Llama-export folders load with plain AutoTokenizer in a process that cannot import
     hitoban, with no remote-code prompt, and tokenize as hitoban's own loader. Model folders (config.json with
