@@ -137,13 +137,78 @@ def _tensor_data(name: str, tensor: np.ndarray, outtype: str):
         gguf.GGMLQuantizationType.Q8_0
 
 
+def _write_model_metadata(writer, config, name: str, outtype: str) -> None:
+    import gguf
+
+    writer.add_name(name)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_rope_freq_base(float(config.rope_theta))
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                          "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[outtype])
+
+
+def _write_tokenizer_metadata(writer, proto, config, unk_id: int, template: str | None) -> None:
+    """The vocabulary as llama.cpp's unigram tokenizer, with hitoban's settings (see the module docstring)."""
+    import gguf
+
+    kinds = gguf.TokenType
+    types = {1: kinds.NORMAL, 2: kinds.UNKNOWN, 3: kinds.CONTROL, 4: kinds.USER_DEFINED, 5: kinds.UNUSED,
+             6: kinds.BYTE}  # SentencePiece's piece types -> GGUF's
+    writer.add_tokenizer_model("t5")  # llama.cpp's unigram (UGM) tokenizer
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list([p.piece.encode("utf-8") for p in proto.pieces])
+    writer.add_token_scores([p.score for p in proto.pieces])
+    writer.add_token_types([types[p.type] for p in proto.pieces])
+    writer.add_add_space_prefix(False)
+    writer.add_remove_extra_whitespaces(False)
+    writer.add_add_bos_token(False)
+    writer.add_add_eos_token(False)
+    writer.add_unk_token_id(unk_id)
+    if config.eos_token_id is not None:
+        writer.add_eos_token_id(config.eos_token_id)
+    if config.pad_token_id is not None:
+        writer.add_pad_token_id(config.pad_token_id)
+    if template is not None:
+        writer.add_chat_template(llama_cpp_chat_template(template))
+
+
+def _add_tensors(writer, model, outtype: str) -> int:
+    """The Llama export's weights under llama.cpp's names, q/k rows permuted; returns how many were added."""
+    import gguf
+
+    from .export_llama import llama_state_dict
+
+    config = model.config
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    added = 0
+    for name, tensor in llama_state_dict(model).items():
+        if name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = config.num_attention_heads if "q_proj" in name else config.num_key_value_heads
+            tensor = _permute_for_rope(tensor, heads)
+        gguf_name = names.get_name(name, try_suffixes=(".weight",))
+        if gguf_name is None:
+            raise CheckFailed(f"no GGUF name for {name}; nothing was written")
+        data, raw_type = _tensor_data(gguf_name, tensor.numpy(), outtype)
+        writer.add_tensor(gguf_name, data, raw_dtype=raw_type)
+        added += 1
+    return added
+
+
 def export_gguf(src: str | os.PathLike, out: str | os.PathLike, outtype: str = "f32", verify: bool = False) -> dict:
     """Write `out` (a .gguf file) for llama.cpp from a hitoban model folder; returns what was written.
 
     `verify` runs the staged file in llama.cpp first (`verify_gguf`); on a failure nothing is written."""
     import gguf
+    from sentencepiece import sentencepiece_model_pb2 as sp_pb2
 
-    from .export_llama import llama_state_dict
     from .modeling_hitoban import HitobanForCausalLM
 
     src, out = Path(src), Path(out)
@@ -151,67 +216,20 @@ def export_gguf(src: str | os.PathLike, out: str | os.PathLike, outtype: str = "
         raise InputError(f"--outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
     if out.exists():
         raise OutputExistsError(f"{out} already exists; choose a new file")
-    tokenizer = _tokenizer_json(src)
-    pieces = gguf.TokenType
-    proto_types = {1: pieces.NORMAL, 2: pieces.UNKNOWN, 3: pieces.CONTROL, 4: pieces.USER_DEFINED, 5: pieces.UNUSED,
-                   6: pieces.BYTE}
-    from sentencepiece import sentencepiece_model_pb2 as sp_pb2
-
+    unk_id = _tokenizer_json(src)["model"]["unk_id"]
     proto = sp_pb2.ModelProto.FromString(sentencepiece_model(src))
     model = HitobanForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
-    config = model.config
-    if len(proto.pieces) != config.vocab_size:
-        raise InputError(f"{src}: the tokenizer has {len(proto.pieces)} pieces but the model {config.vocab_size} rows")
-
-    file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
-                 "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[outtype]
+    if len(proto.pieces) != model.config.vocab_size:
+        raise InputError(f"{src}: the tokenizer has {len(proto.pieces)} pieces but the model "
+                         f"{model.config.vocab_size} rows")
     out.parent.mkdir(parents=True, exist_ok=True)
     handle, staged = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
     os.close(handle)
     try:
         writer = gguf.GGUFWriter(staged, "llama")
-        writer.add_name(src.name)
-        writer.add_context_length(config.max_position_embeddings)
-        writer.add_embedding_length(config.hidden_size)
-        writer.add_block_count(config.num_hidden_layers)
-        writer.add_feed_forward_length(config.intermediate_size)
-        writer.add_head_count(config.num_attention_heads)
-        writer.add_head_count_kv(config.num_key_value_heads)
-        writer.add_rope_dimension_count(config.head_dim)
-        writer.add_rope_freq_base(float(config.rope_theta))
-        writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-        writer.add_vocab_size(config.vocab_size)
-        writer.add_file_type(file_type)
-
-        writer.add_tokenizer_model("t5")  # llama.cpp's unigram (UGM) tokenizer; see the module docstring
-        writer.add_tokenizer_pre("default")
-        writer.add_token_list([p.piece.encode("utf-8") for p in proto.pieces])
-        writer.add_token_scores([p.score for p in proto.pieces])
-        writer.add_token_types([proto_types[p.type] for p in proto.pieces])
-        writer.add_add_space_prefix(False)
-        writer.add_remove_extra_whitespaces(False)
-        writer.add_add_bos_token(False)
-        writer.add_add_eos_token(False)
-        writer.add_unk_token_id(tokenizer["model"]["unk_id"])
-        if config.eos_token_id is not None:
-            writer.add_eos_token_id(config.eos_token_id)
-        if config.pad_token_id is not None:
-            writer.add_pad_token_id(config.pad_token_id)
-        if (template := _chat_template(src)) is not None:
-            writer.add_chat_template(llama_cpp_chat_template(template))
-
-        names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
-        written = 0
-        for name, tensor in llama_state_dict(model).items():
-            if name.endswith(("q_proj.weight", "k_proj.weight")):
-                heads = config.num_attention_heads if "q_proj" in name else config.num_key_value_heads
-                tensor = _permute_for_rope(tensor, heads)
-            gguf_name = names.get_name(name, try_suffixes=(".weight",))
-            if gguf_name is None:
-                raise CheckFailed(f"no GGUF name for {name}; nothing was written")
-            data, raw_type = _tensor_data(gguf_name, tensor.numpy(), outtype)
-            writer.add_tensor(gguf_name, data, raw_dtype=raw_type)
-            written += 1
+        _write_model_metadata(writer, model.config, src.name, outtype)
+        _write_tokenizer_metadata(writer, proto, model.config, unk_id, _chat_template(src))
+        written = _add_tensors(writer, model, outtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()

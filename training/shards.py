@@ -24,6 +24,7 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -118,6 +119,73 @@ class _ShardWriter:
         self._file = None
 
 
+@dataclass
+class _TrainScratch:
+    """Pass 1's train documents, written one after another to a scratch file, to be shuffled in pass 2."""
+
+    path: Path
+    offsets: list[int] = field(default_factory=lambda: [0])
+    domains: list[int] = field(default_factory=list)
+    keys: list[bytes] = field(default_factory=list)
+    heldout_keys: set[bytes] = field(default_factory=set)
+    markers_removed: int = 0
+
+
+def _split_documents(corpus: Path, tok, heldout: dict, writers: dict, domains: list[str], np_dtype, scratch_path: Path,
+                     batch_docs: int, bar) -> _TrainScratch:
+    """Pass 1: tokenize every document (markers inside the text removed, one <|end|> appended) and send it to its
+    held-out writer or to the train scratch file."""
+    end_id = tok.convert_tokens_to_ids("<|end|>")
+    special_ids = np.array([tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS])
+    scratch = _TrainScratch(scratch_path)
+    records, index = iter_corpus(corpus), 0
+    with open(scratch_path, "wb") as out:
+        while batch := [r for _, r in zip(range(batch_docs), records)]:
+            encodings = tok.backend_tokenizer.encode_batch([r["text"] for r in batch], add_special_tokens=False)
+            for record, encoding in zip(batch, encodings):
+                ids = np.asarray(encoding.ids, dtype=np.int64)
+                inside = np.isin(ids, special_ids)
+                if inside.any():  # literal "<|end|>" etc. in the text must not fake a document boundary
+                    scratch.markers_removed += int(inside.sum())
+                    ids = ids[~inside]
+                ids = np.append(ids, end_id)
+                domain = domains.index(record["source"])
+                split = heldout.get(index)
+                if split:
+                    writers[split].add(ids, domain)
+                    scratch.heldout_keys.add(_text_key(record["text"]))
+                else:
+                    out.write(ids.astype(np_dtype).tobytes())
+                    scratch.offsets.append(scratch.offsets[-1] + len(ids))
+                    scratch.domains.append(domain)
+                    scratch.keys.append(_text_key(record["text"]))
+                index += 1
+            bar.update(len(batch))
+    bar.close()
+    for writer in writers.values():
+        writer.close_shard()
+    return scratch
+
+
+def _write_shuffled_train(scratch: _TrainScratch, tmp: Path, np_dtype, shard_tokens: int, domains: list[str],
+                          seed: int, progress: bool) -> tuple[_ShardWriter, int]:
+    """Pass 2: the train documents in a seeded shuffle, minus any whose text equals a held-out document. Returns
+    the writer and how many were dropped as duplicates."""
+    offsets = np.asarray(scratch.offsets, dtype=np.int64)
+    keep = np.array([key not in scratch.heldout_keys for key in scratch.keys], dtype=bool)
+    order = np.random.default_rng(seed).permutation(len(scratch.domains))
+    order = order[keep[order]]
+    train_writer = _ShardWriter(tmp, "train", np_dtype, shard_tokens, domains)
+    if len(order):
+        source = np.memmap(scratch.path, dtype=np_dtype, mode="r")
+        for doc in tqdm(order, desc="shuffle", unit="doc", disable=not progress or None):
+            train_writer.add(np.asarray(source[offsets[doc] : offsets[doc + 1]]), scratch.domains[doc])
+        del source
+    train_writer.close_shard()
+    scratch.path.unlink()
+    return train_writer, int((~keep).sum())
+
+
 def build_shards(
     corpus: str | os.PathLike,
     tokenizer: str | os.PathLike,
@@ -141,7 +209,6 @@ def build_shards(
     vocab = len(tok)
     np_dtype = dtype_for_vocab(vocab, dtype)
     end_id = tok.convert_tokens_to_ids("<|end|>")
-    special_ids = np.array([tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS])
     domains = [s["name"] for s in manifest["sources"]]
     if len(domains) > 255:
         raise ShardError("more than 255 domains do not fit in the one-byte .domains.u8 files")
@@ -150,54 +217,12 @@ def build_shards(
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
     try:
         writers = {s: _ShardWriter(tmp, s, np_dtype, shard_tokens, domains) for s in ("val", "test")}
-        heldout_keys: set[bytes] = set()
-        scratch = open(tmp / "train.scratch", "wb")
-        train_offsets, train_domains, train_keys = [0], [], []
-        markers_removed = 0
-        bar = tqdm(total=manifest["total_documents"], unit="doc", desc="shards", disable=not progress or None)
-        records = iter_corpus(corpus)
-        index = 0
-        while batch := [r for _, r in zip(range(batch_docs), records)]:
-            encodings = tok.backend_tokenizer.encode_batch([r["text"] for r in batch], add_special_tokens=False)
-            for record, encoding in zip(batch, encodings):
-                ids = np.asarray(encoding.ids, dtype=np.int64)
-                inside = np.isin(ids, special_ids)
-                if inside.any():  # literal "<|end|>" etc. in the text must not fake a document boundary
-                    markers_removed += int(inside.sum())
-                    ids = ids[~inside]
-                ids = np.append(ids, end_id)
-                domain = domains.index(record["source"])
-                split = heldout.get(index)
-                if split:
-                    writers[split].add(ids, domain)
-                    heldout_keys.add(_text_key(record["text"]))
-                else:
-                    scratch.write(ids.astype(np_dtype).tobytes())
-                    train_offsets.append(train_offsets[-1] + len(ids))
-                    train_domains.append(domain)
-                    train_keys.append(_text_key(record["text"]))
-                index += 1
-            bar.update(len(batch))
-        bar.close()
-        scratch.close()
-        for writer in writers.values():
-            writer.close_shard()
-
-        # Pass 2: shuffled train documents, minus any whose text equals a held-out document.
-        offsets = np.asarray(train_offsets, dtype=np.int64)
-        keep = np.array([key not in heldout_keys for key in train_keys], dtype=bool)
-        dropped_overlap = int((~keep).sum())
-        order = np.random.default_rng(seed).permutation(len(train_domains))
-        order = order[keep[order]]
-        train_writer = _ShardWriter(tmp, "train", np_dtype, shard_tokens, domains)
-        if len(order):
-            source = np.memmap(tmp / "train.scratch", dtype=np_dtype, mode="r")
-            for doc in tqdm(order, desc="shuffle", unit="doc", disable=not progress or None):
-                train_writer.add(np.asarray(source[offsets[doc] : offsets[doc + 1]]), train_domains[doc])
-            del source
-        train_writer.close_shard()
-        (tmp / "train.scratch").unlink()
-
+        scratch = _split_documents(corpus, tok, heldout, writers, domains, np_dtype, tmp / "train.scratch",
+                                   batch_docs, bar=tqdm(total=manifest["total_documents"], unit="doc", desc="shards",
+                                                        disable=not progress or None))
+        train_writer, dropped_overlap = _write_shuffled_train(scratch, tmp, np_dtype, shard_tokens, domains, seed,
+                                                              progress)
+        markers_removed = scratch.markers_removed
         train_tokens = sum(s["tokens"] for s in train_writer.shards)
         if train_tokens < context + 1:
             raise ShardError(
