@@ -24,6 +24,7 @@ setup(
         "datasets>=4.0",
         "tokenizers>=0.22",
         "sentencepiece>=0.2",
+        "protobuf>=4",  # SentencePiece's model format: export-llama writes llama.cpp's tokenizer.model
         "safetensors>=0.5",
         "huggingface_hub>=1.0",
         "evaluate>=0.4.5",
@@ -45,11 +46,11 @@ setup(
                 # transformers' own common model tests (tests/test_transformers_common.py) import it
                 "parameterized>=0.9", "peft>=0.13",
                 # hitoban export-gguf and its tests
-                "gguf>=0.17", "protobuf>=4"],
+                "gguf>=0.17"],
         "lora": ["peft>=0.13"],  # hitoban sft/tone --lora
-        "gguf": ["gguf>=0.17", "protobuf>=4"],  # hitoban export-gguf (protobuf: SentencePiece's model format)
+        "gguf": ["gguf>=0.17"],  # hitoban export-gguf
         # export-gguf --verify runs the file in llama.cpp; llama-cpp-python compiles llama.cpp (minutes)
-        "llama": ["gguf>=0.17", "protobuf>=4", "llama-cpp-python>=0.3.9"],
+        "llama": ["gguf>=0.17", "llama-cpp-python>=0.3.9"],
     },
     entry_points={"console_scripts": ["hitoban=hitoban.cli:main"]},
 )

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hitoban.errors import CheckFailed, InputError, OutputExistsError
+from hitoban.errors import CheckFailed, InputError, OutputExistsError, UsageError
 
 # Held-out-like text for the tokenizer self-check: kana, kanji, full-width punctuation, ASCII with runs of spaces,
 # newlines, an emoji and a rare character (byte fallback).
@@ -51,6 +51,16 @@ OUTTYPES = ("f32", "f16", "q8_0")
 # `--verify`: greedy tokens that must match transformers' per weight type (rounding moves later argmaxes)
 GREEDY_TOKENS_EQUAL = {"f32": 20, "f16": 10, "q8_0": 5}
 VERIFY_PROMPT = "<|user|>こんにちは。自己紹介をしてください。<|assistant|>"
+
+
+def _require(module: str, extra: str, what: str):
+    """Import an optional dependency, or say which extra provides it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise UsageError(f"{what} needs {module}: pip install 'hitoban[{extra}]'") from err
 
 
 def _tokenizer_json(folder: Path) -> dict:
@@ -206,7 +216,9 @@ def export_gguf(src: str | os.PathLike, out: str | os.PathLike, outtype: str = "
     """Write `out` (a .gguf file) for llama.cpp from a hitoban model folder; returns what was written.
 
     `verify` runs the staged file in llama.cpp first (`verify_gguf`); on a failure nothing is written."""
-    import gguf
+    gguf = _require("gguf", "gguf", "export-gguf")
+    if verify:
+        _require("llama_cpp", "llama", "export-gguf --verify")
     from sentencepiece import sentencepiece_model_pb2 as sp_pb2
 
     from .modeling_hitoban import HitobanForCausalLM
@@ -282,7 +294,7 @@ def compare_with_llama_cpp(gguf_path: str | os.PathLike, model_dir: str | os.Pat
     `texts_equal` counts identical ids; `texts_equal_but_unknown_characters` counts texts whose only differences are
     characters outside the vocabulary (byte pieces in transformers, one `<|unk|>` in llama.cpp's unigram tokenizer,
     which has no byte fallback)."""
-    from llama_cpp import Llama  # optional extra: pip install "hitoban[llama]"
+    Llama = _require("llama_cpp", "llama", "running a GGUF in llama.cpp").Llama
     from transformers import AutoTokenizer
 
     from .modeling_hitoban import HitobanForCausalLM

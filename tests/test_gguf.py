@@ -211,3 +211,13 @@ def test_gguf_rope_permutation_matches_llama_cpp_convention():
     (0,2) and (1,3) become interleaved rows (0,2,1,3)."""
     rows = torch.arange(8.0)[:, None]  # 2 heads x head_dim 4
     assert _permute_for_rope(rows, 2)[:, 0].tolist() == [0, 2, 1, 3, 4, 6, 5, 7]
+
+
+def test_missing_optional_packages_are_named_and_nothing_is_written(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # as where hitoban[llama] is not installed
+    assert main(["export-gguf", str(tiny_model_dir), str(tmp_path / "m.gguf"), "--verify"]) == 2
+    assert "pip install 'hitoban[llama]'" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "gguf", None)
+    assert main(["export-gguf", str(tiny_model_dir), str(tmp_path / "m.gguf")]) == 2
+    assert "pip install 'hitoban[gguf]'" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
