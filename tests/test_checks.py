@@ -65,6 +65,7 @@ def test_console_script_is_installed():
     assert run.returncode == 0 and run.stdout.startswith("hitoban "), run.stderr[-2000:]
 
 
+@pytest.mark.slow  # builds and installs a wheel (~7-8 s)
 def test_non_editable_install_has_every_area_package_and_the_builtin_text(tmp_path):
     """pip install . (not -e): package_dir must map modeling/ training/ ... to hitoban.*, with the data files and
     the Gradio Space."""

@@ -489,6 +489,7 @@ def run_cli(args, hub, tmp_path):
                           timeout=300)
 
 
+@pytest.mark.slow  # a real HTTP server and huggingface_hub's upload (~11-14 s)
 def test_upload_to_the_hub_double_sends_exactly_the_allow_list(release_dir, hub, tmp_path):
     done = run_cli(["upload", str(release_dir), "--repo", "someone/hitoban-tiny"], hub, tmp_path)
     assert done.returncode == 0, done.stderr

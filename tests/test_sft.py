@@ -202,6 +202,7 @@ def test_chat_loop_commands_history_and_reset(pretrained):
 
 # ------------------------------------------------------------------------------------------------ README snippet
 
+@pytest.mark.slow  # a Trainer run in a fresh interpreter (~7-11 s)
 def test_readme_trainer_snippet_runs_as_written(pretrained, tmp_path):
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     section = readme[readme.index("### Fine-tune a character tone with the Trainer"):]
