@@ -221,3 +221,11 @@ def test_missing_optional_packages_are_named_and_nothing_is_written(tmp_path, ti
     assert main(["export-gguf", str(tiny_model_dir), str(tmp_path / "m.gguf")]) == 2
     assert "pip install 'hitoban[gguf]'" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_cli_offers_exactly_the_weight_types_the_exporter_writes():
+    from hitoban.cli import build_parser
+    from hitoban.modeling.export_gguf import OUTTYPES
+
+    sub = next(a for a in build_parser()._actions if a.dest == "verb").choices["export-gguf"]
+    assert tuple(next(a for a in sub._actions if a.dest == "outtype").choices) == OUTTYPES

@@ -22,14 +22,13 @@ def _export_gguf_args(p):
     p.add_argument("src", help="a hitoban from_pretrained folder (a run's final/, an sft or tone output)")
     p.add_argument("out", help="the .gguf file to write (an Ollama Modelfile is written beside it)")
     p.add_argument("--outtype", choices=("f32", "f16", "q8_0"), default="f32",  # export_gguf.OUTTYPES (no torch here)
-                   help="weight type: f32 (exact), f16, or q8_0 (8-bit, about a quarter of f32; norms stay f32). "
-                        "Default: f32")
+                   help="weight type: f32 (exact), f16, or q8_0 (8-bit, about a quarter of f32; norms stay f32)")
     p.add_argument("--verify", action="store_true",
                    help="run the file in llama.cpp (needs pip install 'hitoban[llama]'); exit 1 unless it tokenizes "
                         "as transformers and gives the same greedy tokens (20 for f32, 10 f16, 5 q8_0). Default: off")
 
 
-@verb("export-gguf", "write a GGUF file for llama.cpp / Ollama (Llama architecture, SentencePiece vocabulary)")(
+@verb("export-gguf", "write a GGUF file for llama.cpp / Ollama (Llama architecture, llama.cpp's unigram tokenizer)")(
     _export_gguf_args)
 def _export_gguf(args) -> int:
     from hitoban.modeling.export_gguf import export_gguf
