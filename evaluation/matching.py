@@ -23,7 +23,6 @@ class LeakScanError(InputError):
     """Bad input for the scan (missing or empty holdout/corpus) or a failed self-test."""
 
 
-
 class SampledGrams:
     """Exact multi-pattern search by 16-byte grams sampled at 8-byte strides (see the module docstring)."""
 

@@ -250,12 +250,11 @@ def plant(documents: list[str], canaries: list[dict], seed: int) -> list[str]:
     return planted
 
 
-def train_tiny(documents: list[str], tok, out: Path, steps: int, seed: int, log=print):
+def train_canary_model(documents: list[str], tok, out: Path, steps: int, seed: int, log=print):
     """A tiny model trained on `documents` (`training.tiny`, as `hitoban doctor`), saved to `out` with `tok`."""
-    from hitoban.training.tiny import token_stream
-    from hitoban.training.tiny import train_tiny as train
+    from hitoban.training.tiny import token_stream, train_tiny
 
-    model, losses = train(token_stream(tok, documents), len(tok), steps, seed, desc=f"train {out.name}")
+    model, losses = train_tiny(token_stream(tok, documents), len(tok), steps, seed, desc=f"train {out.name}")
     log(f"{out.name}: {steps} steps, final loss {losses[-1]:.3f}")
     model.save_pretrained(out)
     tok.save_pretrained(out)
@@ -329,7 +328,7 @@ def canary_control(documents: list[str], out: str | os.PathLike, count: int = 8,
                    for f, c in zip(fresh, planted_canaries)]
     results = {}
     for name, docs in (("planted", planted), ("clean", documents)):
-        model = train_tiny(docs, tok, out / f"model-{name}", steps, seed, log=log)
+        model = train_canary_model(docs, tok, out / f"model-{name}", steps, seed, log=log)
         results[name] = _canary_exposure(model, tok, mined, fresh_pairs)
     missed = [mask_value(c["value"]) for c in planted_canaries if all(c is not m for m, _ in mined)]
     report = {"kind": "pii-canary-control", "schema": 2, "canaries": count, "repetitions": list(repetitions),

@@ -64,12 +64,14 @@ def measured_once(cache: Path, key: str, measure):
     home only costs a re-measurement next time)."""
     import json
 
+    from hitoban.provenance import write_json
+
     cached = json.loads(cache.read_text()) if cache.exists() else {}
     if key not in cached:
         cached[key] = measure()
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps(cached, indent=2))
+            write_json(cache, cached)
         except OSError:
             pass
     return cached[key]
