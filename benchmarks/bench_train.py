@@ -1,4 +1,5 @@
-"""Overhead of the full `hitoban pretrain` loop over the bare training step, and checkpoint cost (SPEC §5, §10).
+"""Overhead of the full `hitoban pretrain` loop over the bare training step, and checkpoint cost
+(docs/design.md §6, §7, §17).
 
 Rows: tok/s of the bare step (forward, backward, clip, AdamW on batches from the same reader) vs the real loop
 (schedule, logging, heartbeat, signal checks, final save excluded); checkpoint save/load seconds and sizes for the
@@ -22,7 +23,7 @@ import torch
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
 from hitoban.training.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from hitoban.training.data import ShardReader
-from hitoban.training.hardware import default_precision
+from hitoban.training.hardware import default_precision, plan_for
 from hitoban.training.loop import reset_accelerate_state, train_step
 from hitoban.training.night import evaluate
 from hitoban.training.optim import AdamW, build_optimizer
@@ -36,13 +37,14 @@ def bare_tok_s(data: str, preset: str, steps: int, batch: int, context: int, pre
     the loop's optimizer."""
     from accelerate import Accelerator
 
-    reset_accelerate_state()
+    reset_accelerate_state(cpu=True)
     accelerator = Accelerator(cpu=True, mixed_precision=precision)
     reader = ShardReader(data)
     config = HitobanConfig.from_preset(preset, vocab_size=reader.vocab_size)
     torch.manual_seed(0)
     model = HitobanForCausalLM(config).train()
-    optimizer = build_optimizer(model, optimizer_name, DEFAULT_LR[optimizer_name])  # what the loop runs
+    optimizer = build_optimizer(model, optimizer_name, DEFAULT_LR[optimizer_name],  # what the loop runs
+                                muon_dtype=plan_for("cpu").muon_dtype)
     start = None
     for step in range(steps + 2):
         if step == 2:

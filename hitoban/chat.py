@@ -1,4 +1,4 @@
-"""`hitoban chat MODEL`: a terminal chat with streaming, history and sampling commands (3LM §10.2, §10.4)."""
+"""`hitoban chat MODEL`: a terminal chat with streaming, history and sampling commands (docs/design.md §12)."""
 
 from __future__ import annotations
 
@@ -84,10 +84,10 @@ def chat_dtype(precision: str, device_type: str):
     then come from the bf16 model (`--precision no` keeps fp32)."""
     import torch
 
-    from hitoban.training.hardware import default_precision
+    from hitoban.training.hardware import plan_for
 
-    chosen = default_precision(device_type) if precision == "auto" else precision
-    return torch.bfloat16 if chosen == "bf16" else None
+    chosen = plan_for(device_type).weights_dtype if precision == "auto" else {"bf16": "bfloat16"}.get(precision)
+    return torch.bfloat16 if chosen == "bfloat16" else None
 
 
 def run_chat(model_dir: str, precision: str = "auto") -> None:

@@ -33,6 +33,14 @@ def _recipe(run: dict) -> str:
     return f"{optimizer}, {schedule} schedule{lr}"
 
 
+
+def _plan_text(plan: dict | None) -> str:
+    """The device's bf16 and compile choices as the run recorded them (hardware.plan_device)."""
+    if not plan:
+        return NOT_MEASURED
+    return (f"{plan['precision_used']} training, Muon's Newton-Schulz in {plan['muon_dtype']}, "
+            f"compile: {plan.get('compile', '?')} ({plan['why']})")
+
 class CardText:
     def __init__(self, model_dir: Path, repo: str, prov, art: dict, measured_on: dict, numbers: dict):
         self.model_dir, self.repo, self.prov, self.art = model_dir, repo, prov, art
@@ -95,6 +103,7 @@ class CardText:
             f"| corpus | {_fmt(manifest.get('total_chars')) + ' characters' if manifest else self.missing('manifest')}"
             f" | {self.src('manifest')} |",
             f"| hardware | {node.get('hardware', NOT_MEASURED) if node else NOT_MEASURED} | {lin} |",
+            f"| precision choices | {_plan_text(node.get('device_plan')) if node else NOT_MEASURED} | {lin} |",
             f"| training time | {_fmt(node.get('elapsed_hours'), 2) + ' hours' if node else NOT_MEASURED} | {lin} |",
             ""]
 

@@ -69,8 +69,8 @@ def weights_dtype(device: str) -> torch.dtype:
     elsewhere (emulated bf16 is ~4x slower). HITOBAN_DTYPE=float32|bfloat16 overrides."""
     if os.environ.get("HITOBAN_DTYPE"):
         return getattr(torch, os.environ["HITOBAN_DTYPE"])
-    if device == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    if device == "cuda":  # native from compute capability 8.0; is_bf16_supported() also counts emulation
+        return torch.bfloat16 if torch.cuda.get_device_capability() >= (8, 0) else torch.float32
     return torch.bfloat16 if device == "cpu" and cpu_has_native_bf16() else torch.float32
 
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from hitoban.errors import UsageError
 from hitoban.training.checkpoint import current_slot
-from hitoban.training.hardware import check_precision, choose_compile
+from hitoban.training.hardware import DeviceFacts, check_precision, choose_compile
 from hitoban.training.options import PretrainConfig, TrainingOptions, add_options, from_args, to_argv
 from hitoban.training.pretrain import TrainingDiverged, pretrain
 
@@ -105,14 +105,14 @@ def test_a_nan_is_never_saved_and_the_run_resumes_from_the_last_good_slot(tiny_s
 
 # ------------------------------------------------------------------------------------------- compile and precision
 def test_compile_auto_by_hand():
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    cpu, cuda = DeviceFacts("cpu"), DeviceFacts("cuda", "NVIDIA A100", (8, 0))
 
     def never():
         raise AssertionError("measured although the answer was known")
 
     assert choose_compile("on", cpu, 10, never)[0] and not choose_compile("off", cuda, 1e6, never)[0]
     assert choose_compile("auto", cuda, 10, never)[0]
-    assert not choose_compile("auto", torch.device("mps"), 1e6, never)[0]
+    assert not choose_compile("auto", DeviceFacts("mps", macos=(14, 0)), 1e6, never)[0]
     assert not choose_compile("auto", cpu, 600, never)[0]  # 10 minutes: not worth measuring
     gain = {"eager_step_s": 1.0, "compiled_step_s": 0.8, "compile_s": 400.0}
     # 1.25x per step saves 20% of the run: 2 hours -> 1,440 s saved > 400 s of compiling

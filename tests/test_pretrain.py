@@ -1,4 +1,5 @@
-"""Pretraining: schedule, optimizer, loop, checkpoints and their failure paths, kill test, DDP (SPEC §5)."""
+"""Pretraining: schedule, optimizer, loop, checkpoints and their failure paths, kill test, DDP
+(docs/design.md §6-§8)."""
 
 from __future__ import annotations
 
@@ -139,7 +140,8 @@ def test_sigterm_saves_at_the_next_step_and_exits_cleanly(tiny_shards, tmp_path)
                              "--log-every", "5", "--no-progress", "--cpu"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
-    while time.time() < deadline and not ((run / "log.jsonl").exists() and (run / "log.jsonl").read_text()):
+    log = run / "log.jsonl"
+    while time.time() < deadline and not (log.exists() and '"train"' in log.read_text()):  # the first log window
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=120)

@@ -1,4 +1,4 @@
-"""`hitoban calibrate`: measure real training throughput per candidate and size the night's budget (3LM §7).
+"""`hitoban calibrate`: measure real training throughput per candidate and size the night's budget (docs/design.md §9).
 
 For each (preset, batch) candidate: a fresh model and AdamW, warm-up steps untimed, then timed real steps
 (forward, backward, clip, update) on real batches; tokens in the night = tok/s x hours x 0.9 (10% kept for
@@ -19,7 +19,7 @@ import torch
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
 from hitoban.modeling.loading import device_for
 from hitoban.provenance import write_json
-from hitoban.training.hardware import check_precision, default_precision, measured_once, synchronize
+from hitoban.training.hardware import check_precision, device_facts, measured_once, plan_device, synchronize
 from hitoban.training.loop import reset_accelerate_state, train_step
 from hitoban.training.optim import build_optimizer
 
@@ -41,16 +41,18 @@ STABLE_SPREAD = 0.10  # interquartile range of the step times / median
 
 def measure(preset: str, batch: int, vocab_size: int, context: int | None, steps: int, warmup: int,
             accelerator, data=None, max_seconds: float = 60.0, compiled: bool = False,
-            optimizer_name: str = "muon") -> dict:
+            optimizer_name: str = "muon", grad_accum: int = 1, muon_dtype: str = "bfloat16") -> dict:
     """tok/s of the real training step (`loop.train_step`: the loop's forward, backward, clip, update) for one
-    process's micro-batch, in the accelerator's precision; compile time (the first steps) is excluded."""
+    process's `batch` rows in `grad_accum` micro-batches (the memory a step needs is a micro-batch's), in the
+    accelerator's precision; compile time (the first steps) is excluded."""
     device = accelerator.device
     config = HitobanConfig.from_preset(preset, vocab_size=vocab_size)
     context = context or config.max_position_embeddings
     config.max_position_embeddings = max(config.max_position_embeddings, context)
     torch.manual_seed(0)
     model = HitobanForCausalLM(config).to(device).train()
-    optimizer = build_optimizer(model, optimizer_name, lr=3e-4)  # Muon's Newton-Schulz is part of the step's cost
+    # Muon's Newton-Schulz, in the dtype the run will use, is part of the step's cost
+    optimizer = build_optimizer(model, optimizer_name, lr=3e-4, muon_dtype=muon_dtype)
     step_model = torch.compile(model) if compiled else model
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -58,7 +60,7 @@ def measure(preset: str, batch: int, vocab_size: int, context: int | None, steps
     def step(i: int) -> None:
         rows = (data.batch(0, i, batch, context) if data is not None
                 else np.random.default_rng([0, i]).integers(0, vocab_size, (batch, context + 1)))
-        train_step(step_model, optimizer, accelerator, rows, 1, 1.0)
+        train_step(step_model, optimizer, accelerator, rows, grad_accum, 1.0)
 
     first = time.perf_counter()
     for i in range(warmup):
@@ -84,19 +86,21 @@ COMPILE_CACHE = Path.home() / ".cache" / "hitoban" / "compile_gain.json"
 
 
 def compile_gain(preset: str, batch: int, vocab_size: int, context: int, accelerator, data=None,
-                 optimizer: str = "muon", cache: Path = COMPILE_CACHE, log=print) -> dict:
+                 optimizer: str = "muon", muon_dtype: str = "bfloat16", cache: Path = COMPILE_CACHE,
+                 log=print) -> dict:
     """What torch.compile buys this shape on this machine: eager and compiled step times and the compile time
     (first compiled steps minus eager ones). Measured once per machine, shape, precision and torch (a minute or
     two on a CPU), then cached: `--compile auto` decides from it."""
     key = (f"{accelerator.device.type}|{platform.processor() or platform.machine()}|{torch.get_num_threads()} "
            f"threads|torch {torch.__version__}|{preset} b{batch} ctx{context} vocab{vocab_size}|"
-           f"{accelerator.mixed_precision}|{optimizer}")
+           f"{accelerator.mixed_precision}|{optimizer}|{muon_dtype}")
 
     def measure_both() -> dict:
         log(f"# measuring torch.compile on this machine once ({preset} b{batch}); cached in {cache}")
-        eager = measure(preset, batch, vocab_size, context, 5, 2, accelerator, data, 30, optimizer_name=optimizer)
+        eager = measure(preset, batch, vocab_size, context, 5, 2, accelerator, data, 30, optimizer_name=optimizer,
+                        muon_dtype=muon_dtype)
         compiled = measure(preset, batch, vocab_size, context, 5, 2, accelerator, data, 30, compiled=True,
-                           optimizer_name=optimizer)
+                           optimizer_name=optimizer, muon_dtype=muon_dtype)
         return {"eager_step_s": eager["step_seconds"], "compiled_step_s": compiled["step_seconds"],
                 "compile_s": max(0.0, compiled["warmup_seconds"] - eager["warmup_seconds"])}
 
@@ -135,10 +139,12 @@ def calibrate(candidates: list[str], hours: float = 8.0, data_dir: str | None = 
     from hitoban.training.data import ShardReader
 
     device = device_for(cpu)
+    facts = device_facts(device)
+    plan = plan_device(facts)
     if precision == "auto":
-        precision = default_precision(device.type)
-    check_precision(device.type, precision)
-    reset_accelerate_state()
+        precision = plan.precision
+    check_precision(facts, precision)
+    reset_accelerate_state(cpu=cpu)
     accelerator = Accelerator(cpu=cpu, mixed_precision=precision)
     data = ShardReader(data_dir) if data_dir else None
     if data is not None:
@@ -148,7 +154,7 @@ def calibrate(candidates: list[str], hours: float = 8.0, data_dir: str | None = 
     for candidate in candidates:
         preset, _, batch = candidate.partition(":")
         row = measure(preset, int(batch or 32), vocab_size, context, steps, warmup, accelerator, data,
-                      compiled=compile == "on")
+                      compiled=compile == "on", muon_dtype=plan.muon_dtype)
         row["tokens_in_budget"] = int(row["tok_per_sec"] * usable)
         row["tokens_in_budget_range"] = [int(v * usable) for v in row["tok_per_sec_range"]]
         row["d_over_n"] = row["tokens_in_budget"] / row["non_embedding"]
@@ -167,9 +173,10 @@ def calibrate(candidates: list[str], hours: float = 8.0, data_dir: str | None = 
                 f"{best['tok_per_sec_range'][0]:,.0f}-{best['tok_per_sec_range'][1]:,.0f}), so the night holds "
                 f"{low:,}-{high:,} tokens" + ("" if best["spread"] <= STABLE_SPREAD else
                                               "; the timings did not settle (a busy machine?): calibrate again"))
-    reset_accelerate_state()
+    reset_accelerate_state(cpu=cpu)
     result = {"kind": "calibration", "schema": 1, "hours": hours, "usable_seconds": usable, "device": device.type,
-              "precision": precision, "sureness": sureness, "vocab_size": vocab_size, "measured_steps": steps,
+              "precision": precision, "device_plan": plan.record(),
+              "sureness": sureness, "vocab_size": vocab_size, "measured_steps": steps,
               "warmup_steps": warmup, "results": results, "selected": best["label"], "command": command}
     if out:
         write_json(out, result)

@@ -1,4 +1,4 @@
-"""What the machine can do fast: the default precision per device (SPEC §5: bf16 autocast where it is faster).
+"""What the machine can do fast: the default precision per device (docs/design.md §6: bf16 where it is faster).
 
 CPUs differ: with AMX or AVX512-BF16 (Sapphire Rapids, AMD Zen 4) bf16 autocast runs a training step 1.6-1.8x
 faster than fp32 (measured here: small b16 3,884 -> 6,720 tok/s, 3lm b8 901 -> 1,603 on an AVX512-BF16 EPYC);
@@ -7,7 +7,9 @@ without them bf16 is emulated and ~4x slower. So bf16 is the default only where 
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,20 +29,106 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     return bool(NATIVE_BF16_FLAGS.search(flags))
 
 
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What the precision and compile choices depend on, and nothing else: read from the machine by
+    `device_facts`, or written out by hand for a machine we do not have (tests: a GTX 1050, a T4, an M1)."""
+
+    type: str  # "cuda", "mps" or "cpu"
+    name: str = ""
+    capability: tuple[int, int] | None = None  # CUDA compute capability
+    macos: tuple[int, int] | None = None  # MPS: the macOS version
+    cpu_bf16: bool = False  # CPU: AMX, AVX512-BF16 or Arm's bf16 (the Linux flags)
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """Every use of bf16 and of torch.compile, decided once per device (`plan_device`) and recorded with the run."""
+
+    precision: str  # `--precision auto`: "bf16", "fp16" or "no" (fp32)
+    bf16_native: bool  # the hardware multiplies bf16 (else torch emulates it, several times slower)
+    muon_dtype: str  # Muon's Newton-Schulz iteration: "bfloat16" where native, else "float32"
+    weights_dtype: str  # chat and Space decoding: "bfloat16" where native, else "float32"
+    compile_possible: bool  # Inductor can compile for this device (`--compile auto` may then choose it)
+    why: str
+
+    def record(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+BF16_NATIVE_CAPABILITY = (8, 0)  # Ampere: bf16 tensor cores; torch.cuda.is_bf16_supported() also says yes to emulation
+FP16_TENSOR_CAPABILITY = (7, 0)  # Volta/Turing: fp16 tensor cores; Pascal (a GTX 1050: 6.1) runs fp16 at 1/64 rate
+INDUCTOR_MIN_CAPABILITY = (7, 0)  # Triton, under Inductor, refuses older GPUs
+CPU_BF16_ENV = "HITOBAN_CPU_BF16"  # 0/1: decide as on a CPU without/with native bf16 (benchmarks, tests)
+
+
+def plan_device(facts: DeviceFacts) -> DevicePlan:
+    """The one decision: a pure function of (device type, compute capability, OS version, CPU features)."""
+    if facts.type == "cuda":
+        cc = facts.capability or (0, 0)
+        native = cc >= BF16_NATIVE_CAPABILITY
+        precision = "bf16" if native else "fp16" if cc >= FP16_TENSOR_CAPABILITY else "no"
+        compiles = cc >= INDUCTOR_MIN_CAPABILITY
+        half = ("fp16 tensor cores with the gradient scaler" if precision == "fp16"
+                else "no fast fp16 either (before 7.0), so fp32")
+        why = (f"{facts.name or 'CUDA GPU'}, compute capability {cc[0]}.{cc[1]}: "
+               + ("bf16 tensor cores" if native else f"no native bf16 (before 8.0), {half}")
+               + ("" if compiles else "; Inductor needs compute capability 7.0, so no torch.compile"))
+    elif facts.type == "mps":
+        native = facts.macos is not None and facts.macos >= (14, 0)
+        precision, compiles = "no", False
+        why = (f"Apple MPS on macOS {'.'.join(map(str, facts.macos or ()))}: fp32 (bf16 autocast is not consistently "
+               "faster there" + ("" if native else "; bf16 needs macOS 14") + "); Inductor's MPS backend is young")
+        native = False  # runs on macOS 14 but is not assumed fast: Muon and decoding stay fp32
+    else:
+        native = facts.cpu_bf16
+        precision, compiles = ("bf16" if native else "no"), True
+        why = (f"CPU {facts.name}: " + ("native bf16 (AMX / AVX512-BF16 / Arm bf16)" if native else
+               "no native bf16 (AVX2 or older: emulated bf16 is ~4x slower), so fp32 throughout"))
+    dtype = "bfloat16" if native else "float32"
+    return DevicePlan(precision, native, dtype, dtype, compiles, why)
+
+
+def device_facts(device: torch.device | str) -> DeviceFacts:
+    """The facts of this machine's `device`."""
+    import os
+    import platform
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return DeviceFacts("cuda", torch.cuda.get_device_name(device), tuple(torch.cuda.get_device_capability(device)))
+    if device.type == "mps":
+        version = tuple(int(x) for x in (platform.mac_ver()[0] or "0.0").split(".")[:2])
+        return DeviceFacts("mps", platform.machine(), macos=(version + (0,))[:2])
+    forced = os.environ.get(CPU_BF16_ENV)
+    native = cpu_has_native_bf16() if forced is None else forced == "1"
+    return DeviceFacts("cpu", platform.processor() or platform.machine(), cpu_bf16=native)
+
+
+def plan_for(device: torch.device | str) -> DevicePlan:
+    return plan_device(device_facts(device))
+
+
 def default_precision(device_type: str) -> str:
-    """`--precision auto`: bf16 on CUDA that supports it and on CPUs with native bf16; fp32 ("no") elsewhere,
-    MPS included (its bf16 autocast is not consistently faster)."""
-    if device_type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "no"
-    if device_type == "cpu":
-        return "bf16" if cpu_has_native_bf16() else "no"
-    return "no"
+    """`--precision auto` on this machine's device of that type (`plan_device`)."""
+    return plan_for(device_type).precision
 
 
-# Published dense bf16 tensor-core peaks (FLOP/s) of common GPUs; anything else is measured.
-PUBLISHED_BF16_PEAK = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12,
-                       "RTX 4090": 165e12, "RTX 3090": 71e12, "RTX 3060": 51e12, "A10G": 70e12}
+# Published dense tensor-core peaks (FLOP/s) with fp32 accumulation, as training uses them (GeForce cards run fp32
+# accumulation at half their headline fp16 rate: an RTX 3060 is 25.6, not 51). Matched longest name first, so an
+# "H100 PCIe" is not taken for an H100 SXM. Anything else is measured. MFU must not be flattered.
+PUBLISHED_PEAK = {
+    "bf16": {"H200": 989e12, "H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "A100": 312e12,
+             "L40S": 362e12, "L4": 121e12, "RTX 4090": 165e12, "RTX 3090": 71e12, "RTX 3060": 25.6e12,
+             "A10G": 70e12},
+    "fp16": {"Tesla T4": 65e12, "V100-PCIE": 112e12, "V100": 125e12},
+}
 PEAK_CACHE = Path.home() / ".cache" / "hitoban" / "matmul_peak.json"
+
+
+def published_peak(name: str, precision: str) -> float | None:
+    table = PUBLISHED_PEAK.get(precision, {})
+    return next((table[key] for key in sorted(table, key=len, reverse=True) if key in name), None)
 
 
 def flops_per_token(config, context: int) -> float:
@@ -83,12 +171,12 @@ def matmul_peak(device: torch.device, precision: str, cache: Path = PEAK_CACHE) 
     import platform
     import time
 
-    dtype = torch.bfloat16 if precision in ("bf16", "fp16") else torch.float32
-    if device.type == "cuda" and dtype != torch.float32:
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    if device.type == "cuda" and precision in PUBLISHED_PEAK:
         name = torch.cuda.get_device_name(device)
-        for key, peak in PUBLISHED_BF16_PEAK.items():
-            if key in name:
-                return peak, f"published bf16 peak of {name}"
+        peak = published_peak(name, precision)
+        if peak is not None:
+            return peak, f"published dense {precision} peak of {name}"
     machine = (torch.cuda.get_device_name(device) if device.type == "cuda"
                else platform.processor() or platform.machine())
 
@@ -124,18 +212,27 @@ def available_memory_bytes(device: torch.device) -> int | None:
         return None
 
 
-def check_precision(device_type: str, precision: str, warn=print) -> None:
-    """Refuse a precision the device cannot run, with what to use instead; warn where it runs but slowly."""
+def check_precision(facts: DeviceFacts | str, precision: str, warn=print) -> None:
+    """Refuse a precision the device cannot run or only emulates, with what to use instead; warn where it runs but
+    slowly. `facts`: the device's facts, or a device type to read them for."""
     from hitoban.errors import UsageError
 
-    if precision == "fp16" and device_type == "cpu":
+    facts = device_facts(facts) if isinstance(facts, str) else facts
+    plan = plan_device(facts)
+    if precision == "fp16" and facts.type == "cpu":
         raise UsageError("--precision fp16 needs a GPU (CUDA or MPS); on a CPU use bf16 (native on AMX / "
                          "AVX512-BF16 CPUs) or no (fp32)")
-    if precision == "bf16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise UsageError(f"this GPU ({torch.cuda.get_device_name()}) has no bf16; use --precision fp16 or no")
-    if precision == "bf16" and device_type == "mps" and not torch.backends.mps.is_macos_or_newer(14, 0):
+    if precision == "bf16" and facts.type == "cuda" and not plan.bf16_native:
+        cc = facts.capability or (0, 0)
+        raise UsageError(f"this GPU ({facts.name}, compute capability {cc[0]}.{cc[1]}) has no native bf16 (it needs "
+                         f"8.0, Ampere or newer): torch would emulate it, slowly; use --precision {plan.precision} "
+                         "(what auto picks here)")
+    if precision == "fp16" and facts.type == "cuda" and (facts.capability or (0, 0)) < FP16_TENSOR_CAPABILITY:
+        warn(f"warning: {facts.name} has no fp16 tensor cores (compute capability below 7.0): fp16 is slower than "
+             "fp32 there; --precision no is faster")
+    if precision == "bf16" and facts.type == "mps" and not (facts.macos and facts.macos >= (14, 0)):
         raise UsageError("bf16 on Apple's MPS needs macOS 14 or newer; use --precision fp16 or no (fp32)")
-    if precision == "bf16" and device_type == "cpu" and not cpu_has_native_bf16():
+    if precision == "bf16" and facts.type == "cpu" and not facts.cpu_bf16:
         warn("warning: this CPU has no native bf16 (no AMX / AVX512-BF16): bf16 is emulated and about 4x slower "
              "than fp32 here; --precision no is faster")
 
@@ -143,16 +240,21 @@ def check_precision(device_type: str, precision: str, warn=print) -> None:
 COMPILE_MIN_CPU_SECONDS = 20 * 60  # shorter CPU runs are not worth a measurement that takes a minute or two
 
 
-def choose_compile(option: str, device: torch.device, run_seconds: float, measure_gain) -> tuple[bool, str]:
-    """(compile?, why). `auto`: on CUDA; on a CPU only when the measured speed-up repays the measured compile time
-    over this run's length (`measure_gain()` -> {"eager_step_s", "compiled_step_s", "compile_s"}, cached per
-    machine and shape by calibrate); off on MPS, whose inductor backend is still young."""
+def choose_compile(option: str, facts: DeviceFacts, run_seconds: float, measure_gain) -> tuple[bool, str]:
+    """(compile?, why). `auto`: on CUDA GPUs Inductor supports (compute capability 7.0+); on a CPU only when the
+    measured speed-up repays the measured compile time over this run's length (`measure_gain()` ->
+    {"eager_step_s", "compiled_step_s", "compile_s"}, cached per machine and shape by calibrate); off on MPS, whose
+    inductor backend is still young."""
     if option in ("on", "off"):
         return option == "on", f"--compile {option}"
-    if device.type == "cuda":
-        return True, "auto: CUDA"
-    if device.type != "cpu":
-        return False, f"auto: off on {device.type}"
+    plan = plan_device(facts)
+    if facts.type == "cuda":
+        cc = facts.capability or (0, 0)
+        if not plan.compile_possible:
+            return False, f"auto: off, Inductor needs compute capability 7.0 and {facts.name} has {cc[0]}.{cc[1]}"
+        return True, f"auto: CUDA, compute capability {cc[0]}.{cc[1]}"
+    if facts.type != "cpu":
+        return False, f"auto: off on {facts.type}"
     if run_seconds < COMPILE_MIN_CPU_SECONDS:
         return False, f"auto: a run of ~{run_seconds / 60:.0f} min on a CPU cannot repay the compile time"
     gain = measure_gain()

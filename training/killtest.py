@@ -1,4 +1,4 @@
-"""`hitoban killtest`: prove that a hard crash loses nothing (SPEC §5, 3LM §6), before trusting a night to it.
+"""`hitoban killtest`: prove that a hard crash loses nothing (docs/design.md §8), before trusting a night to it.
 
 It runs the night's *exact* configuration (every `hitoban pretrain` option, one argument definition for both; only
 the length and the save/log cadence differ), each run a real `hitoban pretrain` subprocess on real shards:
@@ -103,6 +103,16 @@ def loss_step(base: Path, other: Path, log_every: int) -> tuple[float, list[int]
     return gap, compared, excluded
 
 
+def runs_in_parallel(options: list[str], device_type: str | None = None) -> bool:
+    """Two of the harness's runs at once only on the CPU (one thread each, separate cores): on a GPU two nights of
+    the same shape need twice the memory, which a 12-24 GB card does not have."""
+    if device_type is None:
+        from hitoban.modeling.loading import device_for
+
+        device_type = device_for("--cpu" in options).type
+    return device_type == "cpu"
+
+
 HARNESS_DEFAULTS = {"--eval-batches": "2"}  # overridable; the cadence below is the harness's own
 
 
@@ -133,12 +143,16 @@ def run_killtest(data: str | os.PathLike, work: str | os.PathLike, options: list
         return subprocess.Popen(base_args + ["--out", str(out)], env={**env, **(extra_env or {})},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
 
+    parallel = runs_in_parallel(options)
+
     def run_to_end(*runs: tuple[Path, dict | None]) -> None:
-        procs = [(out, pretrain(out, extra)) for out, extra in runs]  # independent runs go in parallel
-        for out, proc in procs:
-            output, _ = proc.communicate()
-            if proc.returncode:
-                raise RuntimeError(f"pretrain in {out.name} failed:\n{output[-3000:]}")
+        pending = list(runs)
+        while pending:  # independent runs go in parallel on CPU cores; one at a time on a GPU (its memory)
+            batch, pending = (pending, []) if parallel else (pending[:1], pending[1:])
+            for out, proc in [(out, pretrain(out, extra)) for out, extra in batch]:
+                output, _ = proc.communicate()
+                if proc.returncode:
+                    raise RuntimeError(f"pretrain in {out.name} failed:\n{output[-3000:]}")
 
     started = time.time()
     run_to_end((work / "base1", {STATE_DIGEST_ENV: str(digests)}), (work / "base2", None))

@@ -63,14 +63,23 @@ def step_outcome(loss: float, grad_norm: float, fp16: bool, skipped_in_a_row: in
     return "diverged"
 
 
-def reset_accelerate_state() -> None:
+def reset_accelerate_state(cpu: bool | None = None) -> None:
     """Accelerate keeps one state per process (mixed precision, gradient accumulation) and refuses a second
     Accelerator with another precision: a run after a Trainer (or a Trainer after a run) in one program would fail.
-    A run owns that state while it trains; the distributed state (the process group) is left alone."""
-    from accelerate.state import AcceleratorState, GradientState
+    A run owns that state while it trains. Its device is kept too, and a later `Accelerator(cpu=True)` silently
+    runs on the earlier run's GPU: with `cpu` given (the device the next Accelerator must use), a single process's
+    device state that does not match is reset as well. A process group's (torchrun) is never touched."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
 
     AcceleratorState._reset_state(reset_partial_state=False)
     GradientState._reset_state()
+    if cpu is None or not PartialState._shared_state:
+        return
+    from hitoban.modeling.loading import device_for
+
+    state = PartialState()
+    if state.device.type != device_for(cpu).type and state.num_processes == 1:
+        PartialState._reset_state()
 
 
 @dataclass
@@ -132,10 +141,16 @@ class Monitor:
         self.window_steps += 1
         self.bar.update(1)
 
-    def check_finite(self, step: int, last_saved_step: int) -> None:
+    def check_finite(self, step: int, last_saved_step: int, accelerator=None) -> None:
         """Read the NaN guard (one host sync). Raises TrainingDiverged naming the steps since the last read; nothing
-        has been saved from them, so the last good checkpoint is the run's state."""
-        if self.bad is None or not bool(self.bad):
+        has been saved from them, so the last good checkpoint is the run's state. Over several processes the guard
+        is one decision (any rank's non-finite loss is every rank's), so all ranks stop together rather than one
+        raising while the others wait in a collective until torchrun kills them."""
+        bad = self.bad
+        if accelerator is not None and accelerator.num_processes > 1:
+            mine = torch.zeros((), device=self.device) if bad is None else bad.float()
+            bad = accelerator.reduce(mine, "sum") > 0
+        if bad is None or not bool(bad):
             self.first_unread_step = step + 1
             return
         kept = (f"the last good checkpoint (step {last_saved_step}) is untouched and the run resumes from it"
@@ -148,7 +163,7 @@ class Monitor:
 
     def log_window(self, step: int, lr: float, elapsed: float, accelerator, last_saved_step: int) -> None:
         """A train record: mean loss over the window (all processes), tok/s and MFU over its wall time."""
-        self.check_finite(step, last_saved_step)
+        self.check_finite(step, last_saved_step, accelerator)
         loss = accelerator.reduce(self.loss_sum, "mean").item() / self.window_steps
         now = time.time()
         self.tok_per_sec = self.window_steps * self.tokens_per_step / max(now - self.window_start, 1e-9)
@@ -199,11 +214,17 @@ class StopFlag:
 
 
 CLOCK_SKEW_ENV = "HITOBAN_TEST_CLOCK_SKEW"  # test hook: "RANK:SECONDS" adds SECONDS to that rank's clock
+INF_LOSS_ENV = "HITOBAN_TEST_INF_LOSS"  # test hook: "RANK:STEP" makes that rank's loss at that step infinite
 
 
 def clock_skew(rank: int) -> float:
     target, _, seconds = os.environ.get(CLOCK_SKEW_ENV, "").partition(":")
     return float(seconds) if target and int(target) == rank else 0.0
+
+
+def planted_inf(rank: int, step: int) -> bool:
+    target, _, at = os.environ.get(INF_LOSS_ENV, "").partition(":")
+    return bool(target) and int(target) == rank and int(at) == step
 
 
 def shared_any(accelerator, *flags: bool) -> list[bool]:
@@ -222,12 +243,15 @@ def shared_any(accelerator, *flags: bool) -> list[bool]:
 @dataclass
 class CheckpointPolicy:
     """When to save and when to stop: every N steps, every M minutes, on a signal, past --max-hours, at the end.
-    Time and signals are per process, so each decision is shared (any rank's yes is everyone's)."""
+    Time and signals are per process, so each decision is shared (any rank's yes is everyone's); over several
+    processes that costs a collective and a host read, so it is taken every `share_every` steps (the log cadence),
+    not every step."""
 
     save_every_steps: int | None
     save_every_min: float
     max_hours: float | None
     total_steps: int
+    share_every: int = 1
     stop: StopFlag = field(default_factory=StopFlag)
     last_save: float = field(default_factory=time.time)
     last_saved_step: int = -1
@@ -236,8 +260,11 @@ class CheckpointPolicy:
     def after_step(self, done: int, elapsed: float, accelerator) -> bool:
         """True when the state after step `done` must be saved now; sets `stop_reason` when the run must stop."""
         over_time = bool(self.max_hours) and elapsed > self.max_hours * 3600
-        over_time, signalled, save_time = shared_any(accelerator, over_time, self.stop.reason is not None,
-                                                     time.time() - self.last_save > self.save_every_min * 60)
+        local = (over_time, self.stop.reason is not None, time.time() - self.last_save > self.save_every_min * 60)
+        if accelerator.num_processes == 1 or done % self.share_every == 0 or done == self.total_steps:
+            over_time, signalled, save_time = shared_any(accelerator, *local)
+        else:  # wait for the next shared decision: a signal or a deadline is answered within `share_every` steps
+            over_time = signalled = save_time = False
         if over_time:
             self.stop_reason = "max_hours"
         if signalled:

@@ -26,6 +26,7 @@ from hitoban.training.loop import (
     Monitor,
     TrainingDiverged,
     clock_skew,
+    planted_inf,
     train_step,
 )
 from hitoban.training.nll import token_nats
@@ -41,25 +42,32 @@ def step_seed(seed: int, step: int, rank: int) -> int:
 
 @torch.no_grad()
 def evaluate(model, val: ShardReader | None, domains: dict[str, np.ndarray], batches: int, batch_size: int,
-             context: int, autocast) -> dict:
-    """Fixed validation batches (seed 0, steps 0..n-1) plus per-domain loss on `domains` (built once per run)."""
+             context: int, autocast, accelerator=None) -> dict:
+    """Fixed validation batches (seed 0, steps 0..n-1) plus per-domain loss on `domains` (built once per run).
+    Over several processes each rank scores its share of the batches and windows and the sums are reduced: the
+    same numbers as one process, in 1/world of the time."""
     if val is None:
         return {}
+    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
     model.eval()
     device = next(model.parameters()).device
-    losses = []
-    for i in range(batches):
+    loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+    for i in range(rank, batches, world):
         rows = torch.from_numpy(val.batch(0, i, batch_size, context)).to(device)
         with autocast():
-            losses.append(model(rows, labels=rows).loss.float().item())
+            loss_sum += model(rows, labels=rows).loss.float()
     per_domain = {}
     for domain, stream in domains.items():  # each token predicted once, as bits/char measures (training.nll)
         if len(stream):
             with autocast():
-                nats = token_nats(model, stream, val.end_id, window=context, batch=batch_size)
+                nats = token_nats(model, stream, val.end_id, window=context, batch=batch_size, part=(rank, world))
+            if world > 1:  # each rank filled its own windows and left the others at zero
+                nats = accelerator.reduce(torch.from_numpy(nats).to(device), "sum").cpu().numpy()
             per_domain[domain] = float(nats.mean())
+    if world > 1:
+        loss_sum = accelerator.reduce(loss_sum, "sum")
     model.train()
-    return {"val_loss": float(np.mean(losses)), "val_domains": per_domain}
+    return {"val_loss": float(loss_sum) / batches, "val_domains": per_domain}
 
 
 @dataclass
@@ -86,6 +94,7 @@ class Run:
     resume_changes: dict  # options changed on purpose at this resume (--allow-change)
     hardware: str
     tokenizer_dir: Path | None
+    device_plan: dict = dataclasses.field(default_factory=dict)  # hardware.plan_device's choices, with why
 
     @property
     def tokens_per_step(self) -> int:
@@ -103,7 +112,8 @@ def _announce(run: Run, monitor: Monitor, peak_source: str) -> None:
         "kind": "pretrain-run", "schema": 1, "run_id": state.run_id, "model": fp["model_config"], "args": state.args,
         "data_index_sha256": fp["data_index_sha256"], "tokenizer_sha256": fp["tokenizer_sha256"],
         "total_steps": run.total_steps, "tokens_per_step": run.tokens_per_step, "hardware": run.hardware,
-        "compiled": run.compiled, "fingerprint": fp})
+        "compiled": run.compiled, "device_plan": run.device_plan, "fingerprint": fp})
+    monitor.log({"type": "device", "step": state.step, "hardware": run.hardware, **run.device_plan})
     if run.resumed_from is not None:
         print(f"# resumed at step {state.step} (resume {state.resumes}, from {run.resumed_from.name})", flush=True)
         monitor.log({"type": "resume", "step": state.step, "resumes": state.resumes})
@@ -119,6 +129,10 @@ def _announce(run: Run, monitor: Monitor, peak_source: str) -> None:
           f"{tokens / non_embedding:.1f}, {tokens / run.train.total_tokens:.2f} epochs), "
           f"{run.accelerator.num_processes} process(es) on {run.accelerator.device.type}, precision {run.precision}",
           flush=True)
+    plan = run.device_plan
+    if plan:
+        print(f"# device: {plan['why']}; precision {plan['precision_used']}, Muon's Newton-Schulz in "
+              f"{plan['muon_dtype']}", flush=True)
     print(f"# MFU against {monitor.peak_flops / run.accelerator.num_processes / 1e12:.2f} TFLOP/s per process "
           f"({peak_source})", flush=True)
 
@@ -135,6 +149,7 @@ def train_night(run: Run) -> dict:
     if main:
         _announce(run, monitor, peak_source)
     policy = CheckpointPolicy(cfg.save_every_steps, cfg.save_every_min, cfg.max_hours, run.total_steps,
+                              share_every=cfg.log_every,
                               last_saved_step=state.step if run.resumed_from is not None else -1)
     policy.stop.install()
     session_start, elapsed_before, skew = time.time(), state.elapsed_sec, clock_skew(rank)
@@ -143,7 +158,7 @@ def train_night(run: Run) -> dict:
         return elapsed_before + time.time() - session_start + skew
 
     def save() -> Path | None:
-        monitor.check_finite(state.step, policy.last_saved_step)  # never save a state past a NaN
+        monitor.check_finite(state.step, policy.last_saved_step, accelerator)  # never save a state past a NaN
         accelerator.wait_for_everyone()
         slot = None
         if main:
@@ -159,7 +174,7 @@ def train_night(run: Run) -> dict:
         export_final(run.folder, slot, {
             "run": run.folder.name, "run_id": state.run_id, "step": state.step, "total_steps": run.total_steps,
             "val_loss": val_loss, "tokens_seen": state.tokens_seen, "resumes": state.resumes,
-            "elapsed_hours": round(elapsed() / 3600, 4), "hardware": run.hardware,
+            "elapsed_hours": round(elapsed() / 3600, 4), "hardware": run.hardware, "device_plan": run.device_plan,
             "data_index_sha256": state.fingerprint["data_index_sha256"],
             "tokenizer_sha256": state.fingerprint["tokenizer_sha256"]})
 
@@ -173,6 +188,8 @@ def train_night(run: Run) -> dict:
             loss, grad_norm = train_step(run.train_model, run.optimizer, accelerator, rows, cfg.grad_accum,
                                          cfg.grad_clip)
             done = state.step = step + 1
+            if planted_inf(rank, done):
+                loss = loss * float("inf")
             state.tokens_seen = done * run.tokens_per_step
             monitor.on_step(done, loss, grad_norm)
             if done % cfg.log_every == 0 or done == run.total_steps:
@@ -204,11 +221,9 @@ def _evaluate_and_keep_best(run: Run, monitor: Monitor, save, export) -> None:
     collective), so the compared value is the mean over ranks."""
     accelerator, state = run.accelerator, run.state
     result = evaluate(run.unwrapped, run.val, run.val_domains, run.cfg.eval_batches, min(run.cfg.batch_size, 16),
-                      run.context, accelerator.autocast)
+                      run.context, accelerator.autocast, accelerator)
     if not result:
         return
-    result["val_loss"] = accelerator.reduce(torch.tensor(result["val_loss"], device=accelerator.device),
-                                            "mean").item()
     monitor.log({"type": "eval", "step": state.step, **result})
     if state.best_val is None or result["val_loss"] < state.best_val:
         state.best_val = result["val_loss"]

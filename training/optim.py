@@ -1,4 +1,4 @@
-"""Optimizer and learning-rate schedule for pretraining (SPEC §5, 3LM §4.2).
+"""Optimizer and learning-rate schedule for pretraining (docs/design.md §6).
 
 The schedule is built for exactly the budget: linear warmup over max(100, 2%) of the steps from 2% of the peak,
 then cosine to 10% of the peak at the last step. (3LM's predecessor stopped on a time cap before its cosine had
@@ -15,8 +15,6 @@ from __future__ import annotations
 import math
 
 import torch
-
-SCHEDULES = ("cosine", "wsd")
 
 
 def lr_at(step: int, total_steps: int, peak: float, warmup_frac: float = 0.02, min_ratio: float = 0.1,
@@ -52,6 +50,9 @@ class AdamW(torch.optim.AdamW):
         # against 41 ms for the per-parameter loop); deterministic, so CPU runs and resumes stay bit-identical
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=True)
         self.bias_correction = bias_correction
+        # The fused kernel skips an fp16 overflow step itself (the GradScaler hands it `found_inf`); the update below
+        # does not read `found_inf`, so the scaler must unscale, check and skip for it, as for any plain optimizer.
+        self._step_supports_amp_scaling = bias_correction
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -64,7 +65,7 @@ class AdamW(torch.optim.AdamW):
                     continue
                 state = self.state[p]
                 if not state:
-                    state["step"] = torch.tensor(0.0)
+                    state["step"] = torch.tensor(0.0, device=p.device)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["step"] += 1
@@ -157,16 +158,55 @@ class Hybrid(torch.optim.Optimizer):
             optimizer.load_state_dict(sd)
 
 
-OPTIMIZERS = ("adamw", "muon")
+def orthogonalize(update: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
+                  dtype: torch.dtype) -> torch.Tensor:
+    """torch's quintic Newton-Schulz iteration (`torch.optim._muon._zeropower_via_newtonschulz`, the same operations
+    in the same order) in `dtype`: torch fixes bf16, which a CPU without AVX512-BF16/AMX or a GPU before Ampere
+    only emulates (4x slower per step on an AVX2 CPU) and MPS before macOS 14 refuses."""
+    a, b, c = coefficients
+    x = update.to(dtype, copy=True)
+    if update.size(0) > update.size(1):
+        x = x.T
+    x.div_(x.norm().clamp(min=eps))
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if update.size(0) > update.size(1) else x
+
+
+class Muon(torch.optim.Muon):
+    """torch's Muon with its Newton-Schulz iteration in a chosen dtype (`hardware.plan_device` decides: bf16 where
+    the device multiplies it natively, fp32 elsewhere). State, groups and checkpoints are torch's own."""
+
+    def __init__(self, params, lr: float, weight_decay: float, ns_dtype: torch.dtype = torch.bfloat16, **kwargs):
+        super().__init__(params, lr=lr, weight_decay=weight_decay, **kwargs)
+        self.ns_dtype = ns_dtype
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        from torch.optim._muon import _adjust_lr
+
+        for group in self.param_groups:
+            params, grads, buffers = [], [], []
+            self._init_group(group, params, grads, buffers)
+            for param, grad, buf in zip(params, grads, buffers):
+                buf.lerp_(grad, 1 - group["momentum"])
+                update = grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
+                update = orthogonalize(update, group["ns_coefficients"], group["ns_steps"], group["eps"],
+                                       self.ns_dtype)
+                param.mul_(1 - group["lr"] * group["weight_decay"])
+                param.add_(update, alpha=-_adjust_lr(group["lr"], group["adjust_lr_fn"], param.shape))
+        return None
 
 
 def build_optimizer(model: torch.nn.Module, name: str = "adamw", lr: float = 6e-4, weight_decay: float = 0.1,
-                    bias_correction: bool = True) -> torch.optim.Optimizer:
-    """AdamW on everything, or torch's Muon on the hidden matrices (its update scaled to AdamW's RMS, so one
-    learning rate and schedule serve both) with AdamW on embeddings and norms."""
+                    bias_correction: bool = True, muon_dtype: str = "bfloat16") -> torch.optim.Optimizer:
+    """AdamW on everything, or Muon on the hidden matrices (its update scaled to AdamW's RMS, so one learning rate
+    and schedule serve both; Newton-Schulz in `muon_dtype`) with AdamW on embeddings and norms."""
     if name == "adamw":
         return AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, bias_correction=bias_correction)
     hidden = [p for n, p in model.named_parameters() if is_hidden_matrix(n, p)]
     rest = [p for n, p in model.named_parameters() if not is_hidden_matrix(n, p)]
-    muon = torch.optim.Muon(hidden, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw")
+    muon = Muon(hidden, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw",
+                ns_dtype=getattr(torch, muon_dtype))
     return Hybrid([muon, AdamW(rest, lr=lr, weight_decay=weight_decay, bias_correction=bias_correction)])

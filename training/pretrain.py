@@ -1,4 +1,4 @@
-"""`hitoban pretrain`: the overnight loop on `accelerate.Accelerator` (SPEC §5, 3LM §4).
+"""`hitoban pretrain`: the overnight loop on `accelerate.Accelerator` (docs/design.md §6).
 
 One command for CPU, one CUDA GPU, a Mac (MPS) or several GPUs (`accelerate launch`). The budget is tokens, steps
 or hours, and the LR schedule is built for exactly that budget. Batches are a pure function of (seed, step), so
@@ -40,9 +40,10 @@ from hitoban.training.hardware import (
     available_memory_bytes,
     check_precision,
     choose_compile,
-    default_precision,
+    device_facts,
     flops_per_token,
     matmul_peak,
+    plan_device,
 )
 from hitoban.training.loop import TrainingDiverged, reset_accelerate_state
 from hitoban.training.night import Run, train_night
@@ -81,7 +82,7 @@ HOURS_USABLE = 0.9  # of the night: the rest is kept for evaluations, saves and 
 
 
 def steps_for_hours(cfg: PretrainConfig, run: Path, accelerator, train: ShardReader, context: int,
-                    compiled: bool) -> int:
+                    compiled: bool, muon_dtype: str = "bfloat16") -> int:
     """--hours: the step budget whose schedule ends in `cfg.hours`, from tok/s measured on this very shape,
     precision, device and compile choice (warm steps only, as `hitoban calibrate`). A resumed run keeps the budget
     it was sized with: the schedule must not change under it."""
@@ -94,7 +95,8 @@ def steps_for_hours(cfg: PretrainConfig, run: Path, accelerator, train: ShardRea
         return steps
     world = accelerator.num_processes
     row = measure(cfg.preset, cfg.batch_size // world, train.vocab_size, context, steps=10, warmup=3,
-                  accelerator=accelerator, data=train, max_seconds=30, compiled=compiled, optimizer_name=cfg.optimizer)
+                  accelerator=accelerator, data=train, max_seconds=30, compiled=compiled, optimizer_name=cfg.optimizer,
+                  grad_accum=cfg.grad_accum, muon_dtype=muon_dtype)
     steps = torch.tensor(max(1, int(row["tok_per_sec"] * world * cfg.hours * 3600 * HOURS_USABLE)
                              // (cfg.batch_size * context)), device=accelerator.device)
     if world > 1:  # one budget for every rank: the slowest measurement decides
@@ -117,19 +119,50 @@ def hardware_description(device: torch.device, processes: int, precision: str) -
     return f"{processes} x {name}, precision {precision}"
 
 
-def estimate_memory_bytes(config: HitobanConfig, micro_batch: int, context: int) -> int:
-    """Weights + grads + Adam m, v (fp32) + activations (~34 values per hidden unit per layer) + fp32 logits x3."""
+def estimate_memory_bytes(config: HitobanConfig, micro_batch: int, context: int, precision: str = "no") -> int:
+    """Weights + grads + Adam m, v (fp32: 16 bytes a parameter) + activations (~34 values per hidden unit per layer)
+    + the B x T x V logits: in fp32, the logits, the loss's fp32 log-softmax and its saved gradient (12 bytes an
+    entry); under bf16/fp16 the half logits and half gradient beside those, and the fp32 copy of the logits that
+    Accelerate's `convert_outputs_to_fp32` makes of the model's output (16 bytes an entry)."""
     width = config.hidden_size
     per_layer = 4 * width**2 + 3 * width * config.intermediate_size
     params = config.vocab_size * width + config.num_hidden_layers * per_layer
     activations = micro_batch * context * config.hidden_size * config.num_hidden_layers * 34 * 4
-    logits = micro_batch * context * config.vocab_size * 4 * 3
+    logits = micro_batch * context * config.vocab_size * (16 if precision in ("bf16", "fp16") else 12)
     return params * 16 + activations + logits
+
+
+def place_step_counters(optimizer: torch.optim.Optimizer) -> None:
+    """Put each restored `step` counter where its optimizer reads it. Accelerate's prepare() moves the whole restored
+    state to the device; a plain (for-each) AdamW wants `step` on the CPU (on the device it costs a host sync per
+    parameter per step), while fused and capturable AdamW read it on the parameter's device and fail at the first
+    step if it is anywhere else (torch's own load_state_dict keeps it there for them)."""
+    for group in optimizer.param_groups:
+        on_device = group.get("fused") or group.get("capturable")
+        for param in group["params"]:
+            state = optimizer.state.get(param) or {}
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].to(param.device if on_device else "cpu")
+
+
+def check_state_placement(optimizer: torch.optim.Optimizer) -> None:
+    """Every state tensor of a fused or capturable group on its parameter's device, and a plain group's `step` on
+    the CPU, or a CheckpointError naming the first that is not (the check `hitoban doctor` runs after a resume)."""
+    for group in optimizer.param_groups:
+        on_device = group.get("fused") or group.get("capturable")
+        for param in group["params"]:
+            for key, value in (optimizer.state.get(param) or {}).items():
+                if not torch.is_tensor(value):
+                    continue
+                want = param.device if on_device or key != "step" else torch.device("cpu")
+                if value.device != want:
+                    raise CheckpointError(f"optimizer state {key!r} of a {tuple(param.shape)} parameter is on "
+                                          f"{value.device}, its optimizer reads it on {want}")
 
 
 def pretrain(cfg: PretrainConfig) -> dict:
     """Run (or resume) pretraining; returns the summary. Raises TrainingDiverged / CheckpointError on failure."""
-    reset_accelerate_state()
+    reset_accelerate_state(cpu=cfg.cpu)
     deterministic = torch.are_deterministic_algorithms_enabled()
     try:
         return train_night(setup(cfg))
@@ -149,15 +182,18 @@ def _check_options(cfg: PretrainConfig, world: int) -> None:
 
 
 def _memory_preflight(cfg: PretrainConfig, config: HitobanConfig, device: torch.device, micro: int,
-                      context: int) -> None:
+                      context: int, precision: str) -> None:
+    """Refuse a run whose estimate exceeds what it may use: free memory, or --memory-cap-gb when that is lower."""
     if device.type in ("cuda", "mps") and cfg.memory_cap_gb:
         total = (torch.cuda.get_device_properties(device).total_memory if device.type == "cuda"
                  else torch.mps.recommended_max_memory())
         fraction = min(1.0, cfg.memory_cap_gb * 2**30 / total)
         (torch.cuda if device.type == "cuda" else torch.mps).set_per_process_memory_fraction(fraction)
-    need, have = estimate_memory_bytes(config, micro, context), available_memory_bytes(device)
+    need, free = estimate_memory_bytes(config, micro, context, precision), available_memory_bytes(device)
+    limits = [(free, "free"), (cfg.memory_cap_gb * 2**30 if cfg.memory_cap_gb else None, "allowed by --memory-cap-gb")]
+    have, what = min(((b, w) for b, w in limits if b is not None), default=(None, ""))
     if have is not None and need > 0.9 * have and not cfg.skip_memory_check:
-        raise ResourceError(f"this run needs about {need / 2**30:.1f} GiB but {have / 2**30:.1f} GiB are free on "
+        raise ResourceError(f"this run needs about {need / 2**30:.1f} GiB but {have / 2**30:.1f} GiB are {what} on "
                             f"{device}; lower --batch-size (or use --grad-accum), close other programs, or pass "
                             "--skip-memory-check")
 
@@ -169,12 +205,13 @@ def setup(cfg: PretrainConfig) -> Run:
     cfg = with_default_lr(cfg)
     folder, data = Path(cfg.out), Path(cfg.data)
     index = load_index(data)
-    device_type = device_for(cfg.cpu).type
-    if os.environ.get(DETERMINISTIC_ENV) and device_type == "cuda":  # the kill test: same device, same bits
+    facts = device_facts(device_for(cfg.cpu))
+    if os.environ.get(DETERMINISTIC_ENV) and facts.type == "cuda":  # the kill test: same device, same bits
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS's first use
         torch.use_deterministic_algorithms(True)
-    precision = default_precision(device_type) if cfg.precision == "auto" else cfg.precision
-    check_precision(device_type, precision)
+    plan = plan_device(facts)
+    precision = plan.precision if cfg.precision == "auto" else cfg.precision
+    check_precision(facts, precision)
     accelerator = Accelerator(cpu=cfg.cpu, mixed_precision=precision)
     world, device = accelerator.num_processes, accelerator.device
     _check_options(cfg, world)
@@ -185,26 +222,28 @@ def setup(cfg: PretrainConfig) -> Run:
     config.max_position_embeddings = max(config.max_position_embeddings, context)
     micro = cfg.batch_size // (world * cfg.grad_accum)
     tokens_per_step = cfg.batch_size * context
-    _memory_preflight(cfg, config, device, micro, context)  # before anything measures a step of this size
+    _memory_preflight(cfg, config, device, micro, context, precision)  # before anything measures a step of this size
     token_flops = flops_per_token(config, context)
     peak, _ = matmul_peak(device, precision)
 
     def measured_compile_gain() -> dict:
         from hitoban.training.calibrate import compile_gain
 
-        return compile_gain(cfg.preset, micro, train.vocab_size, context, accelerator, train, cfg.optimizer)
+        return compile_gain(cfg.preset, micro, train.vocab_size, context, accelerator, train, cfg.optimizer,
+                            plan.muon_dtype)
 
     budget_tokens = cfg.tokens or (cfg.steps or 0) * tokens_per_step
     estimate = (cfg.hours * 3600 if cfg.hours else budget_tokens * token_flops / (0.4 * peak * world))
-    compiled, why = choose_compile(cfg.compile, device, estimate, measured_compile_gain)
+    compiled, why = choose_compile(cfg.compile, facts, estimate, measured_compile_gain)
     total_steps = (cfg.steps or (max(1, cfg.tokens // tokens_per_step) if cfg.tokens else
-                                 steps_for_hours(cfg, folder, accelerator, train, context, compiled)))
+                                 steps_for_hours(cfg, folder, accelerator, train, context, compiled, plan.muon_dtype)))
 
     fingerprint = trajectory_fingerprint(cfg, config, index, sha256_file(data / "shards_index.json"), context,
                                          total_steps, precision)
     torch.manual_seed(cfg.seed)
     model = HitobanForCausalLM(config)
-    optimizer = build_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.adam_bias_correction)
+    optimizer = build_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.adam_bias_correction,
+                                plan.muon_dtype)
     state = TrainState(run_id=uuid.uuid4().hex, seed=cfg.seed, fingerprint=fingerprint,
                        data_index_sha256=fingerprint["data_index_sha256"],
                        args={k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("data", "out")})
@@ -225,9 +264,8 @@ def setup(cfg: PretrainConfig) -> Run:
     folder.mkdir(parents=True, exist_ok=True)
     accelerator.wait_for_everyone()
     model, optimizer = accelerator.prepare(model, optimizer)
-    for param_state in optimizer.state.values():  # prepare() moved restored state to the device; a scalar `step`
-        if torch.is_tensor(param_state.get("step")):  # there costs a host sync per parameter per step
-            param_state["step"] = param_state["step"].cpu()
+    place_step_counters(optimizer)
+    check_state_placement(optimizer)
     unwrapped = accelerator.unwrap_model(model)
     if compiled and device.type == "cpu":
         # Inductor's CPU kernels reduce in a nondeterministic order unless asked (two compiled runs differed by ~6e-5);
@@ -242,6 +280,7 @@ def setup(cfg: PretrainConfig) -> Run:
                unwrapped=unwrapped, optimizer=optimizer, train=train, val=val, val_domains=val_domains, config=config,
                context=context, total_steps=total_steps, precision=precision, compiled=compiled, state=state,
                resumed_from=slot, resume_changes=changes, hardware=hardware_description(device, world, precision),
+               device_plan={**plan.record(), "precision_used": precision, "compile": why},
                tokenizer_dir=data / "tokenizer" if (data / "tokenizer").exists() else None)
 
 

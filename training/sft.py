@@ -18,6 +18,7 @@ from transformers import DataCollatorForSeq2Seq
 from hitoban.errors import InputError
 from hitoban.provenance import sha256_file, write_json, write_lineage
 from hitoban.training.chat_data import ChatFilter, ChatFilterSettings, read_conversations, read_holdout_pairs
+from hitoban.training.hardware import plan_for
 from hitoban.training.lora import LoraSettings, save_adapter_and_merged, with_adapter
 
 CHECK_CONVERSATIONS = [
@@ -146,14 +147,17 @@ def finetune(base: str | Path, data: list[str | Path], out: str | Path, *, lr: f
     train = Dataset.from_list([examples[i] for i in order[n_val:]])
     tokens = sum(len(e["input_ids"]) for e in examples)
     counted = sum(sum(label != -100 for label in e["labels"]) for e in examples)
-    bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    # bf16 only where the GPU multiplies it natively, fp16 (with the Trainer's scaler) on a T4 or V100, fp32 before
+    # those (hardware.plan_device; is_bf16_supported() also says yes to emulation)
+    gpu_precision = plan_for("cuda").precision if torch.cuda.is_available() else "no"
+    bf16, fp16 = gpu_precision == "bf16", gpu_precision == "fp16"
     args = TrainingArguments(
         output_dir=str(out / "trainer"), learning_rate=lr, num_train_epochs=epochs, max_steps=max_steps,
         per_device_train_batch_size=batch_size, per_device_eval_batch_size=batch_size,
         gradient_accumulation_steps=grad_accum, warmup_steps=warmup_ratio, lr_scheduler_type="cosine",
         weight_decay=0.1, max_grad_norm=1.0, eval_strategy="steps", eval_steps=eval_steps, save_strategy="steps",
         save_steps=eval_steps, save_total_limit=save_total_limit, load_best_model_at_end=True,
-        metric_for_best_model="eval_loss", greater_is_better=False, seed=seed, data_seed=seed, bf16=bf16,
+        metric_for_best_model="eval_loss", greater_is_better=False, seed=seed, data_seed=seed, bf16=bf16, fp16=fp16,
         use_cpu=not torch.cuda.is_available() and not torch.backends.mps.is_available(), report_to="none",
         logging_steps=max(1, eval_steps // 4), remove_unused_columns=True, disable_tqdm=None)
     collator = CheckedCollator(tok, label_pad_token_id=-100, pad_to_multiple_of=8)

@@ -1,4 +1,4 @@
-"""`hitoban pretrain --supervise`: relaunch after a crash, but only while the saved step advances (3LM §4.8).
+"""`hitoban pretrain --supervise`: relaunch after a crash, but only while the saved step advances (docs/design.md §6).
 
 Each attempt runs the same `hitoban pretrain` command with `--resume auto`. Exit 0 ends supervision; a crash
 relaunches after a short pause unless the last attempt saved no new step (a crash loop), or after `max_restarts`.
@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from hitoban.errors import ExitCode
 from hitoban.training.checkpoint import TrainState, current_slot
 
 
@@ -32,8 +33,24 @@ def keep_awake_prefix() -> list[str]:
     return []
 
 
-def supervise(argv: list[str], run: Path, max_restarts: int = 40, pause: float = 10.0) -> int:
-    """Run `hitoban <argv>` until it exits 0; returns the final exit code."""
+def wait_through_ctrl_c(proc: subprocess.Popen) -> tuple[int, bool]:
+    """(exit code, interrupted?). Ctrl-C reaches the whole process group: the run saves at its next step and exits,
+    so the supervisor waits for it (`subprocess.call` would SIGKILL it 0.25 s later, before the promised save). A
+    second Ctrl-C reaches the run too, which then quits at once."""
+    interrupted = False
+    while True:
+        try:
+            return proc.wait(), interrupted
+        except KeyboardInterrupt:
+            if not interrupted:
+                print("\nsupervise: waiting for the run to save and stop (Ctrl-C again to quit now)", flush=True)
+            interrupted = True
+
+
+def supervise(argv: list[str], run: Path, max_restarts: int = 40, pause: float = 10.0,
+              command: list[str] | None = None) -> int:
+    """Run `hitoban <argv>` (or `command` + argv) until it exits 0; returns the final exit code. After a Ctrl-C it
+    does not relaunch."""
     argv = [a for a in argv if a != "--supervise"]
     if "--resume" not in argv:
         argv += ["--resume", "auto"]
@@ -42,10 +59,14 @@ def supervise(argv: list[str], run: Path, max_restarts: int = 40, pause: float =
     for attempt in range(1, max_restarts + 2):
         print(f"supervise: attempt {attempt} from step {max(previous, 0)}"
               + (f" ({' '.join(prefix[:1])} keeps the machine awake)" if prefix else ""), flush=True)
-        code = subprocess.call(prefix + [sys.executable, "-m", "hitoban.cli", *argv])
-        if code == 0:
-            return 0
-        if code == 3:
+        code, interrupted = wait_through_ctrl_c(
+            subprocess.Popen(prefix + (command or [sys.executable, "-m", "hitoban.cli"]) + argv))
+        if code == 0 or interrupted:
+            if interrupted:
+                print(f"supervise: stopped by Ctrl-C; the run saved step {max(saved_step(run), 0)} (resume with the "
+                      "same command)", flush=True)
+            return code
+        if code == ExitCode.DIVERGED:
             print("supervise: the loss diverged (NaN); not restarting", flush=True)
             return code
         step = saved_step(run)

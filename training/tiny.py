@@ -42,7 +42,7 @@ def train_tiny(stream: np.ndarray, vocab_size: int, steps: int, seed: int, conte
     config = HitobanConfig.from_preset("tiny", vocab_size=vocab_size, max_position_embeddings=max_positions)
     model = HitobanForCausalLM(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
-    reset_accelerate_state()
+    reset_accelerate_state(cpu=True)
     accelerator = Accelerator(cpu=True)
     model, optimizer = accelerator.prepare(model, optimizer)
     losses = []
