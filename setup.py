@@ -11,7 +11,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
-    python_requires=">=3.10",
+    python_requires=">=3.11",  # transformers 5.24 requires it
     # spaces/ is the Gradio Space exactly as uploaded (no __init__.py); it ships as data for `hitoban space`
     packages=["hitoban", "hitoban.data", "hitoban.verbs", "hitoban.spaces"] + [f"hitoban.{area}" for area in AREAS],
     package_dir={"hitoban": "hitoban", "hitoban.spaces": "spaces", **{f"hitoban.{area}": area for area in AREAS}},

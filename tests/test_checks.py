@@ -49,6 +49,26 @@ def test_doctor_fails_loudly_when_training_cannot_learn(tmp_path):
         run_doctor(tmp_path, steps=1, log=lambda *_: None)
 
 
+@pytest.mark.slow
+def test_the_device_check_runs_the_night_on_this_device_and_fails_on_a_planted_fault(tmp_path, capsys):
+    from hitoban.device_check import run_device_check
+    report = run_device_check(tmp_path / "ok", steps=30, log=lambda *_: None)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert report["passed"] and set(checks) == {"device", "data", "kill and resume", "night in-process",
+                                                "memory estimate", "resume placement", "bits/char", "generation"}
+    assert checks["kill and resume"]["passed"] and "bit-identical" in checks["kill and resume"]["detail"]
+    assert checks["memory estimate"]["passed"] is None  # a CPU has no allocator peak: said, not counted as a pass
+    assert "compile auto" in checks["night in-process"]["detail"]
+    table = (tmp_path / "ok" / "doctor.md").read_text()
+    assert table.count("\n") == len(checks) + 2  # one line per check
+    # the negative control: a resume that drops the optimizer state fails the doctor, through the command line
+    assert main(["doctor", "--out", str(tmp_path / "fault"), "--steps", "30", "--plant-fault",
+                 "drop-optimizer-state"]) == 1
+    failed = {c["name"]: c for c in json.loads((tmp_path / "fault" / "doctor.json").read_text())["checks"]}
+    assert failed["kill and resume"]["passed"] is False and "killed_run_matches" in failed["kill and resume"]["detail"]
+    assert "hitoban doctor failed on cpu: kill and resume" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("verb", sorted(VERBS))
 def test_every_verb_explains_itself(verb, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -386,7 +386,7 @@ def test_decisions_over_several_processes_are_shared_every_log_window_not_every_
     assert len(calls) == 20  # one process: its own flags every step, no collective
 
 
-# ------------------------------------------------------------------------------------------------ Ctrl-C under --supervise
+# ---------------------------------------------------------------------------------------- Ctrl-C under --supervise
 CHILD = textwrap.dedent("""
     import pathlib, signal, sys, time
     out = pathlib.Path(sys.argv[1])

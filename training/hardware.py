@@ -102,7 +102,24 @@ def device_facts(device: torch.device | str) -> DeviceFacts:
         return DeviceFacts("mps", platform.machine(), macos=(version + (0,))[:2])
     forced = os.environ.get(CPU_BF16_ENV)
     native = cpu_has_native_bf16() if forced is None else forced == "1"
-    return DeviceFacts("cpu", platform.processor() or platform.machine(), cpu_bf16=native)
+    return DeviceFacts("cpu", cpu_model() or platform.processor() or platform.machine(), cpu_bf16=native)
+
+
+def cpu_model() -> str | None:
+    """The CPU's marketing name (Linux: /proc/cpuinfo's `model name`; macOS: sysctl), for records and tables."""
+    import subprocess
+    import sys
+
+    try:
+        if sys.platform == "darwin":
+            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                                  timeout=5).stdout.strip() or None
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name") and ":" in line:
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return None
 
 
 def plan_for(device: torch.device | str) -> DevicePlan:

@@ -117,9 +117,12 @@ HARNESS_DEFAULTS = {"--eval-batches": "2"}  # overridable; the cadence below is 
 
 
 def run_killtest(data: str | os.PathLike, work: str | os.PathLike, options: list[str] | None = None,
-                 steps: int = 60, kills: int = 2, killed_run: str | os.PathLike | None = None, log=print) -> dict:
+                 steps: int = 60, kills: int = 2, killed_run: str | os.PathLike | None = None, log=print,
+                 plant_fault: str | None = None) -> dict:
     """Run the protocol with the `hitoban pretrain` options `options` (the night's); returns killtest.json's
-    content. `killed_run` places the killed-and-resumed run (the demo keeps it as its model)."""
+    content. `killed_run` places the killed-and-resumed run (the demo keeps it as its model). `plant_fault`
+    ("drop-optimizer-state"): the killed run resumes without its optimizer state, as a broken resume would; the
+    test must then fail (`hitoban doctor --plant-fault` proves it can)."""
     work = Path(work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -175,6 +178,10 @@ def run_killtest(data: str | os.PathLike, work: str | os.PathLike, options: list
     control_source = work / "noopt"
     kill_steps = self_kill(killed, kills, log_every, pretrain, control_source, log)
     (current_slot(control_source) / "optimizer.safetensors").unlink()
+    if plant_fault == "drop-optimizer-state":
+        (current_slot(killed) / "optimizer.safetensors").unlink()
+    elif plant_fault is not None:
+        raise UsageError(f"unknown fault {plant_fault!r}; the one known is drop-optimizer-state")
     run_to_end((killed, None), (control_source, None))
     return _judge(work, killed, control_source, noise, restore, batch_ok, kill_steps, kills, options, steps,
                   log_every, started, log)

@@ -40,6 +40,7 @@ from hitoban.training.hardware import (
     available_memory_bytes,
     check_precision,
     choose_compile,
+    cpu_model,
     device_facts,
     flops_per_token,
     matmul_peak,
@@ -115,7 +116,7 @@ def hardware_description(device: torch.device, processes: int, precision: str) -
     elif device.type == "mps":
         name = f"Apple silicon GPU (MPS, {platform.machine()})"
     else:
-        name = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+        name = f"CPU ({cpu_model() or platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
     return f"{processes} x {name}, precision {precision}"
 
 

@@ -6,17 +6,31 @@ from hitoban.verbs import verb
 
 
 def _doctor_args(p):
-    p.add_argument("--out", default="hitoban-doctor", help="folder for the tokenizer, model and doctor.json")
-    p.add_argument("--steps", type=int, default=200, help="training steps (loss must fall)")
+    p.add_argument("--out", default="hitoban-doctor", help="folder for everything the check makes and doctor.json")
+    p.add_argument("--cpu", action="store_true",
+                   help="the quick install check on the CPU instead (tokenizer, a tiny model trained --steps steps, "
+                        "generation, save and reload)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="training steps (default: 40 for the device check's kill test, 200 for --cpu)")
     p.add_argument("--seed", type=int, default=0, help="seed for the tiny model and its batches")
+    p.add_argument("--plant-fault", choices=("drop-optimizer-state",), default=None,
+                   help="prove the check can fail: the kill test's resume drops the optimizer state (must FAIL)")
 
 
-@verb("doctor", "check the install: train a tiny model on built-in text, generate, save, reload")(_doctor_args)
+@verb("doctor", "the device check before the night: the real pretrain loop, A/B saves, a kill and resume, compile, "
+                "eval bpc, generation with the KV-cache check, memory estimate vs peak (--cpu: quick install "
+                "check)")(_doctor_args)
 def _doctor(args) -> int:
-    from hitoban.doctor import run_doctor
+    if args.cpu:
+        from hitoban.doctor import run_doctor
 
-    report = run_doctor(args.out, steps=args.steps, seed=args.seed)
-    print(f"hitoban doctor: OK in {report['seconds']} s (report: {args.out}/doctor.json)")
+        report = run_doctor(args.out, steps=args.steps or 200, seed=args.seed)
+        print(f"hitoban doctor --cpu: OK in {report['seconds']} s (report: {args.out}/doctor.json)")
+        return 0
+    from hitoban.device_check import STEPS, run_device_check
+
+    report = run_device_check(args.out, seed=args.seed, steps=args.steps or STEPS, plant_fault=args.plant_fault)
+    print(f"hitoban doctor: OK on {report['device']} in {report['seconds']} s (table: {args.out}/doctor.md)")
     return 0
 
 

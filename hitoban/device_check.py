@@ -1,0 +1,224 @@
+"""`hitoban doctor`: the device check to run before the night, and the first thing to run on any GPU.
+
+On the device and precision `--precision auto` picks (`hardware.plan_device`), it runs the night's own code, small:
+corpus -> tokenizer -> shards from the built-in text; the kill test's harness (the real `hitoban pretrain` in
+subprocesses: A/B saves, SIGKILL once inside a save and once between, resume, a dropped-optimizer control; bit-exact
+on a CPU, 3LM's noise-floor rule on GPUs); an in-process night with `--compile auto` whose measured memory peak is
+held against the preflight's estimate; the restored optimizer state's placement after a resume; the real
+bits/char on held-out text; and generation with the KV-cache check. One table, one line per check; any failure
+raises CheckFailed (exit 1). `hitoban doctor --cpu` is the quick install check (`hitoban.doctor`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+
+from hitoban.errors import CheckFailed
+from hitoban.provenance import write_json
+
+HELD_OUT = 4  # built-in documents kept out of the corpus, for bits/char
+CONTEXT, BATCH, STEPS = 64, 8, 40
+
+
+@dataclasses.dataclass
+class Check:
+    name: str
+    passed: bool | None  # None: not measurable on this device (said so, never counted as a pass)
+    detail: str
+    seconds: float = 0.0
+
+
+class Table:
+    def __init__(self, log):
+        self.log, self.checks = log, []
+
+    def run(self, name: str, fn) -> object:
+        """fn() -> (passed, detail, value); an exception is a failed check with its message."""
+        started = time.time()
+        try:
+            passed, detail, value = fn()
+        except Exception as error:  # noqa: BLE001 - every failure becomes a line of the table
+            passed, detail, value = False, f"{type(error).__name__}: {str(error).splitlines()[0][:300]}", None
+        check = Check(name, passed, detail, round(time.time() - started, 1))
+        self.checks.append(check)
+        mark = {True: "ok", False: "FAIL", None: "n/a"}[passed]
+        self.log(f"{name:<22} {mark:<5} {detail}  ({check.seconds:.1f} s)")
+        return value
+
+    def markdown(self) -> str:
+        rows = [f"| {c.name} | {'ok' if c.passed else 'n/a' if c.passed is None else 'FAIL'} | "
+            f"{c.detail.replace('|', '/')} | "
+                f"{c.seconds} |" for c in self.checks]
+        return "\n".join(["| check | result | detail | seconds |", "|---|---|---|---|", *rows])
+
+
+def _data(out: Path, seed: int):
+    from hitoban.training.corpus import build_corpus, builtin_documents, local_source
+    from hitoban.training.filters import FilterSettings
+    from hitoban.training.shards import build_shards, verify_shards
+    from hitoban.training.tokenizer import train_tokenizer_from_corpus
+
+    documents = builtin_documents()
+    train, held_out = documents[:-HELD_OUT], documents[-HELD_OUT:]
+    text = out / "builtin.txt"
+    text.write_text("\n".join(d.replace("\n", " ") for d in train) + "\n", encoding="utf-8")
+    # near-duplicate detection (datasketch) is text work on the CPU, not a device path: off, so the check needs only
+    # what training needs
+    build_corpus([local_source([str(text)], name="builtin", license="Apache-2.0")], out / "corpus", seed=seed,
+                 settings=FilterSettings(min_chars=50, near_dup_threshold=None), progress=False)
+    train_tokenizer_from_corpus(out / "corpus", out / "tokenizer", vocab_size=1200, seed=seed,
+                                model_max_length=2 * CONTEXT, hard_vocab_limit=False)
+    build_shards(out / "corpus", out / "tokenizer", out / "shards", shard_tokens=20_000, val_every=8,
+                 context=CONTEXT, seed=seed, progress=False)
+    splits = verify_shards(out / "shards", out / "tokenizer", full=True)["splits"]
+    return True, f"{', '.join(f'{k} {v:,} tokens' for k, v in splits.items())}; verified", "\n".join(held_out)
+
+
+def _options(cpu: bool, seed: int) -> list[str]:
+    """The doctor night's `hitoban pretrain` options: auto precision, eager (compile is the in-process run's)."""
+    return (["--preset", "tiny", "--batch-size", str(BATCH), "--context", str(CONTEXT), "--lr", "3e-3",
+             "--warmup-frac", "0.05", "--seed", str(seed), "--eval-every", "20", "--eval-batches", "2",
+             "--compile", "off"] + (["--cpu"] if cpu else []))
+
+
+def _killtest(out: Path, cpu: bool, seed: int, steps: int, plant_fault: str | None):
+    from hitoban.training.killtest import run_killtest
+
+    result = run_killtest(out / "shards", out / "killtest", _options(cpu, seed), steps=steps, kills=2,
+                          killed_run=out / "run", log=lambda *_: None, plant_fault=plant_fault)
+    failed = [name for name, ok in result["checks"].items() if not ok]
+    same = ("bit-identical" if result["killed_bit_identical"] else
+            f"max abs diff {result['killed_diff']:.1e} vs noise {result['noise']:.1e}")
+    detail = (f"SIGKILLed at steps {result['killed_at_steps']} (once mid-save), resumed {result['resumes']}x: {same}; "
+              f"loss step {result['loss_step']:.1e}; control diff {result['control_diff']:.1e}"
+              + (f"; FAILED: {', '.join(failed)}" if failed else ""))
+    return result["passed"], detail, result
+
+
+def _night_in_process(out: Path, cpu: bool, seed: int, steps: int):
+    """The loop in this process, `--compile auto`, with the memory peak measured against the estimate."""
+    import torch
+
+    from hitoban.modeling import HitobanConfig
+    from hitoban.modeling.loading import device_for
+    from hitoban.training.options import PretrainConfig
+    from hitoban.training.pretrain import estimate_memory_bytes, pretrain
+    from hitoban.training.shards import load_index
+
+    device = device_for(cpu)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    cfg = PretrainConfig(data=str(out / "shards"), out=str(out / "night"), preset="tiny", context=CONTEXT,
+                         batch_size=BATCH, steps=steps, lr=3e-3, warmup_frac=0.05, seed=seed, eval_every=steps,
+                         eval_batches=2, log_every=10, progress=False, cpu=cpu, resume="never")
+    summary = pretrain(cfg)
+    config = HitobanConfig.from_preset("tiny", vocab_size=load_index(out / "shards")["tokenizer"]["vocab_size"])
+    plan = _recorded_plan(out / "night")
+    estimate = estimate_memory_bytes(config, BATCH, CONTEXT, plan["precision_used"])
+    night = (f"{summary['steps']} steps, best val loss {summary['best_val']:.3f}, precision "
+             f"{plan['precision_used']}, Muon's Newton-Schulz in {plan['muon_dtype']}, compile {plan['compile']}")
+    finished = summary["steps"] == steps and math.isfinite(summary["best_val"] or math.nan)
+    if device.type != "cuda":
+        memory = (None, f"no allocator peak on {device.type}: not compared (estimate {estimate / 2**20:.0f} MiB)")
+    else:
+        peak = torch.cuda.max_memory_allocated(device) - before
+        memory = (estimate >= peak, f"measured peak {peak / 2**20:.0f} MiB, preflight estimate "
+                                    f"{estimate / 2**20:.0f} MiB" + ("" if estimate >= peak else ": UNDERESTIMATED"))
+    return finished, night, memory
+
+
+def _recorded_plan(run: Path) -> dict:
+    import json
+
+    records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    return next(r for r in records if r["type"] == "device")
+
+
+def _placement(out: Path, cpu: bool, seed: int, steps: int):
+    """Build the night again over its checkpoint (a resume) and check where the restored optimizer state sits."""
+    from hitoban.training.loop import reset_accelerate_state
+    from hitoban.training.options import PretrainConfig
+    from hitoban.training.pretrain import check_state_placement, setup
+
+    cfg = PretrainConfig(data=str(out / "shards"), out=str(out / "night"), preset="tiny", context=CONTEXT,
+                         batch_size=BATCH, steps=steps, lr=3e-3, warmup_frac=0.05, seed=seed, eval_every=steps,
+                         eval_batches=2, log_every=10, progress=False, cpu=cpu, compile="off")
+    try:
+        run = setup(cfg)
+        check_state_placement(run.optimizer)
+        tensors = sum(1 for s in run.optimizer.state.values() for v in s.values() if hasattr(v, "device"))
+        return run.resumed_from is not None, f"resumed from {run.resumed_from.name}: {tensors} state tensors on " \
+                                             f"their optimizer's devices", None
+    finally:
+        reset_accelerate_state()
+
+
+def _bpc(out: Path, held_out: str, cpu: bool):
+    from hitoban.evaluation.bpc import bits_per_char
+    from hitoban.modeling.loading import device_for, load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(out / "run" / "final", device=device_for(cpu))
+    result = bits_per_char(model, tokenizer, held_out, name="held-out built-in prose", window=CONTEXT)
+    tokens = len(tokenizer(held_out, add_special_tokens=False)["input_ids"])
+    uniform = math.log2(len(tokenizer)) * tokens / len(held_out)  # a model that learnt nothing
+    bpc = result["bits_per_char"]
+    return bpc < uniform, f"{bpc:.3f} bits/char on {len(held_out):,} held-out chars (uniform: {uniform:.3f})", bpc
+
+
+def _generation(out: Path, cpu: bool):
+    import torch
+
+    from hitoban.evaluation.kvcache import check_kvcache
+    from hitoban.modeling.loading import device_for, load_model_and_tokenizer
+
+    kv = check_kvcache(out / "run" / "final")
+    model, tokenizer = load_model_and_tokenizer(out / "run" / "final", device=device_for(cpu))
+    prompt = tokenizer("夜の研究室は", return_tensors="pt").to(model.device)
+    with torch.no_grad():
+        ids = model.generate(**prompt, max_new_tokens=16, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    text = tokenizer.decode(ids[0], skip_special_tokens=True)
+    return kv["passed"] and ids.shape[1] > prompt["input_ids"].shape[1], (
+        f"KV cache vs full forward: max abs diff {kv['max_abs_diff']:.1e} over {kv['positions_checked']} positions; "
+        f"greedy: {text!r}"), text
+
+
+def run_device_check(out: str | Path = "hitoban-doctor", cpu: bool = False, seed: int = 0, steps: int = STEPS,
+                     plant_fault: str | None = None, log=print) -> dict:
+    """Run every check; returns the report (also out/doctor.json and out/doctor.md). Raises CheckFailed if any
+    check failed."""
+    import shutil
+
+    from hitoban.modeling.loading import device_for
+    from hitoban.training.hardware import plan_for
+
+    started = time.time()
+    out = Path(out)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    table = Table(log)
+    device = device_for(cpu)
+    plan = plan_for(device)
+    table.run("device", lambda: (True, f"{device.type}: {plan.why}", plan.record()))
+    held_out = table.run("data", lambda: _data(out, seed))
+    if held_out is not None:
+        table.run("kill and resume", lambda: _killtest(out, cpu, seed, steps, plant_fault))
+        memory = table.run("night in-process", lambda: _night_in_process(out, cpu, seed, steps // 4))
+        if memory is not None:
+            table.run("memory estimate", lambda: (*memory, None))
+        table.run("resume placement", lambda: _placement(out, cpu, seed, steps // 4))
+        if (out / "run" / "final").exists():
+            table.run("bits/char", lambda: _bpc(out, held_out, cpu))
+            table.run("generation", lambda: _generation(out, cpu))
+    report = {"kind": "device-check", "schema": 1, "device": device.type, "plan": plan.record(),
+              "plant_fault": plant_fault, "checks": [dataclasses.asdict(c) for c in table.checks],
+              "passed": all(c.passed is not False for c in table.checks), "seconds": round(time.time() - started, 1)}
+    write_json(out / "doctor.json", report)
+    (out / "doctor.md").write_text(table.markdown() + "\n", encoding="utf-8")
+    failed = [c.name for c in table.checks if c.passed is False]
+    if failed:
+        raise CheckFailed(f"hitoban doctor failed on {device.type}: {', '.join(failed)} (see {out}/doctor.md)")
+    return report
