@@ -362,28 +362,29 @@ def test_the_kill_test_runs_its_trainings_one_at_a_time_on_a_gpu():
     assert runs_in_parallel(["--cpu"])  # the CPU on any machine
 
 
-def test_decisions_over_several_processes_are_shared_every_log_window_not_every_step(monkeypatch):
+def test_a_shared_decision_over_several_processes_never_waits_for_the_device(monkeypatch):
+    """The per-step decision (deadline, signal, save time) used to be a device tensor read back with .tolist(): a
+    host sync with the GPU every step. It travels on the host now (gloo). A 'meta' device stands in for the GPU."""
+    import torch.distributed as dist
+
     from hitoban.training import loop
 
-    calls = []
-    monkeypatch.setattr(loop, "shared_any", lambda accelerator, *flags: calls.append(1) or [bool(f) for f in flags])
+    seen = []
+
+    def all_reduce(tensor, op=None, group=None):
+        seen.append(tensor.device.type)
+        tensor[1] = 1.0  # another rank was signalled
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(loop, "host_group", lambda: None)
 
     class TwoRanks:
         num_processes = 2
+        device = torch.device("meta")
 
-    policy = loop.CheckpointPolicy(None, 60.0, None, 20, share_every=5)
-    for done in range(1, 21):
-        policy.after_step(done, 0.0, TwoRanks())
-    assert len(calls) == 4  # steps 5, 10, 15, 20: one collective a log window
-    calls.clear()
-    single = loop.CheckpointPolicy(None, 60.0, None, 20, share_every=5)
-
-    class OneRank:
-        num_processes = 1
-
-    for done in range(1, 21):
-        single.after_step(done, 0.0, OneRank())
-    assert len(calls) == 20  # one process: its own flags every step, no collective
+    policy = loop.CheckpointPolicy(None, 60.0, None, 20)
+    assert policy.after_step(3, 0.0, TwoRanks()) and policy.stop_reason == "signal (another process)"
+    assert seen == ["cpu"]
 
 
 # ---------------------------------------------------------------------------------------- Ctrl-C under --supervise

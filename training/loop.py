@@ -227,31 +227,44 @@ def planted_inf(rank: int, step: int) -> bool:
     return bool(target) and int(target) == rank and int(at) == step
 
 
+_HOST_GROUP: list = []  # the gloo group for host-side decisions, made once per process group
+
+
+def host_group():
+    """A process group whose collectives run on host memory (gloo): a flag reduced over it never makes the host
+    wait for the GPU. Over NCCL, whose collectives take device tensors, reading a shared flag every step would
+    synchronise the host with the device's queue every step. None: the default group is gloo already."""
+    import torch.distributed as dist
+
+    if dist.get_backend() == "gloo":
+        return None
+    if not _HOST_GROUP:
+        _HOST_GROUP.append(dist.new_group(backend="gloo"))  # every rank reaches this at the same step
+    return _HOST_GROUP[0]
+
+
 def shared_any(accelerator, *flags: bool) -> list[bool]:
     """One decision for every process: a flag true on any rank is true on all. Each rank has its own clock,
     signals and timers, and a save or a stop taken by one rank alone leaves the others waiting in a collective
-    that never comes (a hang)."""
+    that never comes (a hang). The flags travel as a host tensor over `host_group` (no device sync)."""
     if accelerator.num_processes == 1:
         return [bool(f) for f in flags]
     import torch.distributed as dist
 
-    tensor = torch.tensor([float(f) for f in flags], device=accelerator.device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    tensor = torch.tensor([float(f) for f in flags])
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=host_group())
     return [bool(v) for v in tensor.tolist()]
 
 
 @dataclass
 class CheckpointPolicy:
     """When to save and when to stop: every N steps, every M minutes, on a signal, past --max-hours, at the end.
-    Time and signals are per process, so each decision is shared (any rank's yes is everyone's); over several
-    processes that costs a collective and a host read, so it is taken every `share_every` steps (the log cadence),
-    not every step."""
+    Time and signals are per process, so each decision is shared (any rank's yes is everyone's)."""
 
     save_every_steps: int | None
     save_every_min: float
     max_hours: float | None
     total_steps: int
-    share_every: int = 1
     stop: StopFlag = field(default_factory=StopFlag)
     last_save: float = field(default_factory=time.time)
     last_saved_step: int = -1
@@ -260,11 +273,8 @@ class CheckpointPolicy:
     def after_step(self, done: int, elapsed: float, accelerator) -> bool:
         """True when the state after step `done` must be saved now; sets `stop_reason` when the run must stop."""
         over_time = bool(self.max_hours) and elapsed > self.max_hours * 3600
-        local = (over_time, self.stop.reason is not None, time.time() - self.last_save > self.save_every_min * 60)
-        if accelerator.num_processes == 1 or done % self.share_every == 0 or done == self.total_steps:
-            over_time, signalled, save_time = shared_any(accelerator, *local)
-        else:  # wait for the next shared decision: a signal or a deadline is answered within `share_every` steps
-            over_time = signalled = save_time = False
+        over_time, signalled, save_time = shared_any(accelerator, over_time, self.stop.reason is not None,
+                                                     time.time() - self.last_save > self.save_every_min * 60)
         if over_time:
             self.stop_reason = "max_hours"
         if signalled:

@@ -149,7 +149,6 @@ def train_night(run: Run) -> dict:
     if main:
         _announce(run, monitor, peak_source)
     policy = CheckpointPolicy(cfg.save_every_steps, cfg.save_every_min, cfg.max_hours, run.total_steps,
-                              share_every=cfg.log_every,
                               last_saved_step=state.step if run.resumed_from is not None else -1)
     policy.stop.install()
     session_start, elapsed_before, skew = time.time(), state.elapsed_sec, clock_skew(rank)
