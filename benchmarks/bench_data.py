@@ -1,11 +1,14 @@
-"""Data pipeline throughput on ../shared/corpus (≈37 MB of real Japanese), side by side with the raw libraries.
+"""Data pipeline throughput on real Japanese text, side by side with the raw libraries.
+
+The corpus is the larger one (≈37 MB) where present, else the repository's tests/corpus: benchmarks/corpora.py
+says which in the first line of the output.
 
 Rows: corpus build chars/s; tokenizer training chars/s and peak RSS, hitoban (sample + SentencePiece + conversion)
 vs SentencePiece alone on the same sample; encode chars/s of `hitoban shards` vs raw `Tokenizer.encode_batch` on
 the same documents; chars/token on held-out literature and web text. Each training run is a fresh subprocess,
 so peak RSS belongs to that run alone.
 
-    python benchmarks/bench_data.py [--shared ../shared] [--vocab-size 32000] [--out /tmp/bench-data]
+    python benchmarks/bench_data.py [--corpus DIR] [--vocab-size 32000] [--out /tmp/bench-data]
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import textwrap
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from corpora import pick_corpus
 
 
 def run_measured(code: str) -> tuple[float, float]:
@@ -34,12 +37,15 @@ def run_measured(code: str) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shared", default=str(REPO.parent / "shared"))
-    parser.add_argument("--vocab-size", type=int, default=32000)
+    parser.add_argument("--corpus", help="corpus folder (default: the larger corpus if present, else tests/corpus)")
+    parser.add_argument("--vocab-size", type=int,
+                        help="default 32000; 8000 on tests/corpus, too small for 32,000 pieces")
     parser.add_argument("--out", default="/tmp/hitoban-bench-data")
     parser.add_argument("--json")
     args = parser.parse_args()
-    corpus_dir = Path(args.shared) / "corpus"
+    corpus_dir, larger = pick_corpus(args.corpus)
+    if args.vocab_size is None:
+        args.vocab_size = 32000 if larger else 8000
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)

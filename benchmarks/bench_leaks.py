@@ -1,11 +1,12 @@
-"""Contamination-scan speed: probes from the 3LM holdout over >= 200 MB of Japanese text, one core (SPEC §7).
+"""Contamination-scan speed: probes from the 3LM holdout over >= 200 MB of Japanese text, one core
+(docs/design.md §13, §17).
 
-The corpus is the shared literature + web + dialogue text repeated until it reaches --mb megabytes (so it has
-real byte statistics), with one holdout probe planted after each copy, so every engine must report exactly those
-hits. 3lm-eval/holdout.txt gives 658 probes. Every available engine scans the same file; the bar is >= 200 MiB/s
-(3LM's NumPy Rabin-Karp: 39 MiB/s).
+The corpus (benchmarks/corpora.py says which) is its literature + web + dialogue text repeated until it reaches
+--mb megabytes (so it has real byte statistics), with one holdout probe planted after each copy, so every engine
+must report exactly those hits. 3lm-eval/holdout.txt gives 658 probes. Every available engine scans the same file;
+the bar is >= 200 MiB/s (3LM's NumPy Rabin-Karp: 39 MiB/s).
 
-    python benchmarks/bench_leaks.py [--shared ../shared] [--mb 210]
+    python benchmarks/bench_leaks.py [--corpus DIR] [--mb 210]
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from corpora import pick_corpus
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shared", default=str(REPO.parent / "shared"))
+    parser.add_argument("--corpus", help="corpus folder (default: the larger corpus if present, else tests/corpus)")
     parser.add_argument("--mb", type=int, default=210)
     parser.add_argument("--holdout", default="holdout.txt", help="file in 3lm-eval/ (holdout.txt: 658 probes)")
     args = parser.parse_args()
@@ -29,7 +30,7 @@ def main() -> None:
     from hitoban.evaluation.leaks import make_probes, scan_for_leaks
     from hitoban.evaluation.matching import Matcher
 
-    corpus = Path(args.shared) / "corpus"
+    corpus, _ = pick_corpus(args.corpus)
     sources = sorted((corpus / "literature").glob("0*.txt")) + sorted((corpus / "web-or-wiki").glob("*.txt"))
     sources.append(corpus / "dialogue" / "real-persona-chat.messages.jsonl")
     text = b"".join(p.read_bytes() for p in sources)

@@ -1,4 +1,4 @@
-"""HitobanForCausalLM vs HF LlamaForCausalLM of the same shape, side by side in one process (SPEC §10).
+"""HitobanForCausalLM vs HF LlamaForCausalLM of the same shape, side by side in one process (docs/design.md §17).
 
 Rows: training step (forward + backward + AdamW) tok/s in fp32 and bf16 autocast, greedy `generate()` tok/s at
 batch 1 and 8, peak memory of a training step (RSS growth in a fresh process per model, median of 3), and MFU
@@ -6,7 +6,8 @@ against a matmul peak measured in the same run.
 Runs alternate between the two models (A B A B ...) and the best of N is kept, so drift on a shared machine hits
 both alike. Absolute numbers swing between runs: read the ratios.
 
-    python benchmarks/bench_model.py                     # SPEC §10 shape: 4L/256/4H, vocab 8000, ctx 256, batch 8
+    python benchmarks/bench_model.py                     # the docs/design.md §17 shape: 4L/256/4H, vocab 8000,
+                                                         # ctx 256, batch 8
     python benchmarks/bench_model.py --preset 3lm --batch 4 --ctx 512
     python benchmarks/bench_model.py --preset 3lm --batch 32 --ctx 512 --compile   # a GPU (CUDA or MPS): same script
 

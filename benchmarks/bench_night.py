@@ -8,11 +8,14 @@ The first table is time to the same model: hitoban's defaults on the Trainer's t
 second gives hitoban's optimizers equal wall time (`--hours` = 2/3 of the Trainer's time): Muon + WSD (the default)
 against AdamW + cosine at 3LM's lr.
 
-    python benchmarks/bench_night.py [--tokens 983040] [--shared ../shared] [--out bench-night]
+    python benchmarks/bench_night.py [--tokens 983040] [--corpus DIR] [--out bench-night]
+
+The corpus is the larger one where present, else the repository's tests/corpus (benchmarks/corpora.py; the first
+line of the output says which).
 
 Runs on CUDA and MPS unchanged (the runs pick the device; the Trainer uses it too). On a GPU machine:
 
-    python benchmarks/bench_night.py --shared ../shared --out /tmp/bench-night --tokens 98304000
+    python benchmarks/bench_night.py --out /tmp/bench-night --tokens 98304000
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from corpora import pick_corpus
 
 TRAINER_RUN = r'''
 import json, sys, time
@@ -76,10 +81,11 @@ def compressor_bpc(text: str) -> dict:
     return rows
 
 
-def prepare(shared: Path, out: Path) -> tuple[Path, dict[str, Path]]:
-    """Corpus of 120 Aozora works, tokenizer (vocab 8000), shards; held-out literature and web never trained on."""
-    books = sorted((shared / "corpus" / "literature").glob("*.txt"))
-    train, held = books[:120], books[-3:]
+def prepare(corpus: Path, out: Path) -> tuple[Path, dict[str, Path]]:
+    """Corpus of up to 120 Aozora works, tokenizer (vocab 8000), shards; held-out literature (the last 3 works) and
+    web never trained on."""
+    books = sorted((corpus / "literature").glob("*.txt"))
+    train, held = books[:-3][:120], books[-3:]
     (out / "books").mkdir(parents=True, exist_ok=True)
     for book in train:
         shutil.copy2(book, out / "books" / book.name)
@@ -87,7 +93,7 @@ def prepare(shared: Path, out: Path) -> tuple[Path, dict[str, Path]]:
     held_dir.mkdir(exist_ok=True)
     (held_dir / "literature.txt").write_text("".join(b.read_text(encoding="utf-8") for b in held)[:60_000],
                                              encoding="utf-8")
-    web = sorted((shared / "corpus" / "web-or-wiki").glob("*.txt"))
+    web = sorted((corpus / "web-or-wiki").glob("*.txt"))
     (held_dir / "web.txt").write_text("".join(w.read_text(encoding="utf-8") for w in web)[:60_000], encoding="utf-8")
     cli = [sys.executable, "-m", "hitoban.cli"]
     if not (out / "shards").exists():
@@ -121,11 +127,11 @@ def table(rows: list[dict], floors: dict | None = None) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=983_040, help="the Trainer's token budget (240 x 16 x 256)")
-    parser.add_argument("--shared", default=os.environ.get("HITOBAN_SHARED", "../shared"))
+    parser.add_argument("--corpus", help="corpus folder (default: the larger corpus if present, else tests/corpus)")
     parser.add_argument("--out", default="bench-night")
     args = parser.parse_args()
     out = Path(args.out)
-    shards, domains = prepare(Path(args.shared), out)
+    shards, domains = prepare(pick_corpus(args.corpus)[0], out)
     steps = args.tokens // (16 * 256)
     trainer_out = out / "runs" / "trainer-llama"
     shutil.rmtree(trainer_out, ignore_errors=True)

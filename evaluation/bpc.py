@@ -1,4 +1,4 @@
-"""bits per character, with every character of the text scored exactly once (SPEC §7, 3LM §11.1), and the
+"""bits per character, with every character of the text scored exactly once (docs/design.md §11), and the
 cross-domain table.
 
 3LM's definition is kept where it is exact: the whole text encoded at once, windows of 256 predicted tokens, each

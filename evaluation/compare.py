@@ -1,4 +1,4 @@
-"""`hitoban compare`: the same prompts with the same per-prompt seeds through several models (3LM §12.1).
+"""`hitoban compare`: the same prompts with the same per-prompt seeds through several models (docs/design.md §12).
 
 Modes: chat (chat template, stops at <|end|>/<|user|>) and raw continuation (no markers, no stop). Seed before
 prompt j of group g = seed + 100 g + j, so every model samples with the same seed per prompt. Full replies go into

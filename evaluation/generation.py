@@ -1,4 +1,4 @@
-"""`hitoban eval gen`: 3LM's generation metrics on fixed questions (SPEC §7, 3LM §11.2).
+"""`hitoban eval gen`: 3LM's generation metrics on fixed questions (docs/design.md §12).
 
 Sampling exactly as 3LM: per step, (1) CTRL repetition penalty 1.15 over the distinct tokens among the last 64
 *generated* tokens (prompt excluded), (2) temperature 0.8, (3) top-k 40 (ties at the threshold kept), then sample;

@@ -1,4 +1,4 @@
-"""KV-cache check: cached step-by-step decoding must equal full recomputation (SPEC §7, 3LM §10.3).
+"""KV-cache check: cached step-by-step decoding must equal full recomputation (docs/design.md §12).
 
 A wrong cache offset (RoPE rotating new tokens at position 0) or a cache that drops or duplicates entries still
 produces fluent-looking text, so it is checked numerically: for every decoding step, the last-position logits from

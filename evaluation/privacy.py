@@ -1,4 +1,4 @@
-"""Prefix-attack PII probe (3LM §13) and its canary control.
+"""Prefix-attack PII probe (docs/design.md §14) and its canary control.
 
 The probe asks a model to continue the 120 characters that precede each e-mail address or phone number in its
 training corpus, greedily and without repetition penalty (a penalty could only hide recall), and counts exact and

@@ -31,9 +31,20 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from hitoban import __version__
+class VersionAction(argparse.Action):
+    """`--version`, looked up only when asked (importlib.metadata would cost every verb a tenth of a second)."""
 
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from hitoban import __version__
+
+        print(f"hitoban {__version__}")  # on stdout, as argparse's own version action
+        parser.exit()
+
+
+def build_parser() -> argparse.ArgumentParser:
     ordered = [name for names in PIPELINE.values() for name in names]
     assert sorted(ordered) == sorted(VERBS), f"verbs missing from PIPELINE: {set(VERBS) ^ set(ordered)}"
     width = max(map(len, ordered))
@@ -44,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a small language model overnight on one GPU or Mac, measure it honestly, publish it.",
         epilog=f"verbs, in the order a night goes:\n{listing}\n\n`hitoban VERB --help` explains each option with "
                "its default.")
-    parser.add_argument("--version", action="version", version=f"hitoban {__version__}")
+    parser.add_argument("--version", action=VersionAction, help="show the installed version and exit")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True, help="one of the verbs below")
     for name in ordered:
         help_text, add_arguments, run = VERBS[name]

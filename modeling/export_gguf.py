@@ -1,9 +1,9 @@
 """GGUF for llama.cpp and Ollama, written with the `gguf` package (the library llama.cpp's converter uses).
 
-A hitoban model is Llama's function (SPEC §2), so the GGUF is a plain `llama` architecture file: the Llama export's
-weights under llama.cpp's tensor names, with q/k rows permuted from transformers' rotate-half RoPE layout into
-llama.cpp's. The tokenizer needs more care than the weights, because llama.cpp re-implements SentencePiece's unigram
-and reads its settings from the file, not from `tokenizer.json`:
+A hitoban model is Llama's function (docs/design.md §2), so the GGUF is a plain `llama` architecture file: the Llama
+export's weights under llama.cpp's tensor names, with q/k rows permuted from transformers' rotate-half RoPE layout
+into llama.cpp's. The tokenizer needs more care than the weights, because llama.cpp re-implements SentencePiece's
+unigram and reads its settings from the file, not from `tokenizer.json`:
 
 - the tokenizer type `t5`: llama.cpp's unigram (Viterbi) tokenizer, the algorithm hitoban's tokenizer uses. Its
   SentencePiece type `llama` is SentencePiece-BPE (merges by score) and segments a unigram vocabulary differently

@@ -1,7 +1,7 @@
 """Export a hitoban folder as a plain `LlamaForCausalLM` folder (no remote code needed downstream).
 
-The architectures are the same function (SPEC §2): fused qkv rows split into q/k/v_proj, fused gate/up rows split
-into gate_proj/up_proj, everything else renamed 1:1, tied embeddings kept tied. llama.cpp, vLLM and
+The architectures are the same function (docs/design.md §2): fused qkv rows split into q/k/v_proj, fused gate/up rows
+split into gate_proj/up_proj, everything else renamed 1:1, tied embeddings kept tied. llama.cpp, vLLM and
 transformers.js users can then load the model as Llama. The export verifies itself: logits on random tokens must
 match to 1e-5 in fp32 and greedy generations must be identical, else nothing is written.
 """

@@ -1,6 +1,6 @@
 """HitobanForCausalLM: a small Llama-style decoder for one-night training.
 
-Design choices (SPEC §2, 3LM §1):
+Design choices (docs/design.md §2):
 - pre-norm blocks  x + Attn(RMSNorm(x)),  x + SwiGLU(RMSNorm(x));  final RMSNorm
 - RoPE, non-interleaved ("rotate half", as HF Llama) over the full head dim; the position offset is the cache length
 - one fused bias-free qkv projection (rows q, k, v) and one fused gate/up projection: fewer, larger matmuls

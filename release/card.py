@@ -13,7 +13,9 @@ with the command that would measure it. Every number shows the (relative) path o
 from __future__ import annotations
 
 import json
+import math
 import os
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -137,7 +139,48 @@ def pick(found: dict[str, list[Artefact]], kind: str, fits, prov: Provenance, wh
     return fitting[0]
 
 
+EMBEDDING = "model.embed_tokens.weight"  # HitobanForCausalLM's input embedding (tied to the output when saved once)
+CONFIG_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+               "max_position_embeddings", "vocab_size")  # what the card shows of config.json
+
+
+def safetensors_shapes(model_dir: Path) -> dict[str, list[int]] | None:
+    """Tensor name -> shape from the headers of `model.safetensors` (or the shards its index names), None without
+    them. A safetensors file starts with its header's length (8 bytes, little-endian) and the JSON header: no tensor
+    is read and neither torch nor numpy is imported."""
+    single, index = model_dir / "model.safetensors", model_dir / "model.safetensors.index.json"
+    if single.exists():
+        files = [single]
+    elif index.exists():
+        files = [model_dir / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    else:
+        return None
+    shapes = {}
+    for path in files:
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        shapes.update({name: entry["shape"] for name, entry in header.items() if name != "__metadata__"})
+    return shapes
+
+
 def count_parameters(model_dir: Path) -> tuple[int, int, dict]:
+    """(total, non-embedding, config) of a hitoban folder from config.json and the safetensors headers (what
+    `model.parameters()` counts: a tied output embedding is saved once, rotary buffers are not saved), so `hitoban
+    card` starts without torch; a test keeps it equal to the count of the instantiated model. Anything else (no
+    safetensors, another model type, an embedding whose shape disagrees with config.json) is counted the slow way."""
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    shapes = safetensors_shapes(model_dir)
+    if (shapes and config.get("model_type") == "hitoban" and all(k in config for k in CONFIG_KEYS)
+            and shapes.get(EMBEDDING) == [config["vocab_size"], config["hidden_size"]]):
+        if config.get("tie_word_embeddings", True):  # one parameter, whether or not a copy was saved too
+            shapes.pop("lm_head.weight", None)
+        total = sum(math.prod(shape) for shape in shapes.values())
+        return total, total - math.prod(shapes[EMBEDDING]), config
+    return count_parameters_on_meta(model_dir)
+
+
+def count_parameters_on_meta(model_dir: Path) -> tuple[int, int, dict]:
     """(total, non-embedding, config) from config.json, instantiating the model on the meta device."""
     import torch
     from transformers import AutoConfig

@@ -1,4 +1,5 @@
-"""Secret scan before anything leaves the machine (3LM §14): file contents, file names and, with `--git`, history.
+"""Secret scan before anything leaves the machine (docs/design.md §15): file contents, file names and, with
+`--git`, history.
 
 Why our own rules instead of detect-secrets: detect-secrets 1.5 has no Hugging Face token plugin, no home-path
 or forbidden-file-name rules, and its entropy plugins flag every base64/hex blob (tokenizer vocabularies, sha256

@@ -1,4 +1,4 @@
-"""Allow-listed Hub upload (3LM §15) and Space publishing.
+"""Allow-listed Hub upload (docs/design.md §16) and Space publishing.
 
 Only files matching the allow-list leave the machine, resolved with `huggingface_hub.utils.filter_repo_objects`
 (the function `upload_folder` itself uses), and the exact list that was checked is what is sent. Before anything

@@ -1,4 +1,11 @@
-"""Shared fixtures. Real Japanese text comes from ../shared/corpus (never copied into the repository)."""
+"""Shared fixtures. Real Japanese text comes from tests/corpus, a small licence-clean corpus shipped with the
+repository (sources, licences and sizes in tests/corpus/README.md), so a fresh clone runs every test on its own.
+
+Slow tests that want more text than that ask for the `large_corpus` fixture: a larger corpus of the same layout,
+found through the HITOBAN_SHARED environment variable (a folder holding corpus/) or a shared/ folder next to the
+repository. Without one they run on tests/corpus and the session ends with a line saying so; they never skip or
+fail for its absence. The fast tier (-m "not slow") never asks for it, so it reads exactly what a fresh clone has.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +21,17 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("HITOBAN_SHARED", REPO.parent / "shared"))
-CORPUS = SHARED / "corpus"
+CORPUS = REPO / "tests" / "corpus"  # in the repository: what every test reads unless it asks for more
+LARGE = Path(os.environ.get("HITOBAN_SHARED") or REPO.parent / "shared") / "corpus"  # optional, outside the repo
+LARGE_CORPUS_NOTES: list[str] = []  # printed at the end of the session
+
+
+def large_corpus_dir() -> tuple[Path, str]:
+    """(the corpus a text-hungry slow test should read, one line saying which one it is and why)."""
+    if (LARGE / "literature").is_dir():
+        return LARGE, f"larger corpus: {LARGE} (HITOBAN_SHARED or ../shared)"
+    return CORPUS, (f"larger corpus: none at {LARGE} (set HITOBAN_SHARED to a folder holding corpus/): the slow "
+                    f"tests that want more text ran on the repository's tests/corpus")
 
 
 def network_available() -> bool:
@@ -38,6 +54,15 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{name}: used by transformers' common model tests")
 
 
+def pytest_report_header(config):
+    return [f"test corpus: {CORPUS}", large_corpus_dir()[1]]
+
+
+def pytest_terminal_summary(terminalreporter):
+    for note in LARGE_CORPUS_NOTES:
+        terminalreporter.write_line(note)
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `network` need the Hugging Face Hub; they skip cleanly on offline machines (and in CI)."""
     if any("network" in item.keywords for item in items) and not network_available():
@@ -49,9 +74,17 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def corpus() -> Path:
-    if not CORPUS.is_dir():
-        pytest.fail(f"the shared test corpus is missing at {CORPUS} (set HITOBAN_SHARED to the shared/ folder)")
+    if not (CORPUS / "literature").is_dir():
+        pytest.fail(f"the repository's test corpus is missing at {CORPUS} (an incomplete checkout?)")
     return CORPUS
+
+
+@pytest.fixture(scope="session")
+def large_corpus(corpus) -> Path:
+    """More text for a slow test where a larger corpus is present; tests/corpus otherwise (said at the end)."""
+    path, note = large_corpus_dir()
+    LARGE_CORPUS_NOTES.append(note)
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""A local test double of the Hugging Face Hub's *upload* API (no self-hostable server speaks it; hf-notes §5).
+"""A local test double of the Hugging Face Hub's *upload* API (no self-hostable server speaks it; docs/design.md §16).
 
 It implements what `HfApi.create_repo`, `upload_folder` (xet pipeline or classic commit, `create_pr`) and
 README validation call: repo create, validate-yaml, preupload (every file "regular", so contents arrive base64

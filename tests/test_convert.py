@@ -17,7 +17,7 @@ VOCAB, DIM, LAYERS, HEADS, MLP, CTX = 300, 32, 2, 4, 96, 64
 
 
 def reference_forward(weights: dict, names: dict, ids: torch.Tensor, theta: float = 10000.0, eps: float = 1e-5):
-    """The 3LM architecture written out from its description (3LM §1.2-1.3), independent of hitoban's code."""
+    """The 3LM architecture written out from its description (docs/design.md §2), independent of hitoban's code."""
 
     def rms(x, w):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w

@@ -1,4 +1,4 @@
-"""Data pipeline: corpus build (filters, PII masks, manifest), shards (+ verify), reader (SPEC §4)."""
+"""Data pipeline: corpus build (filters, PII masks, manifest), shards (+ verify), reader (docs/design.md §4, §5)."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_pii_masking_leaves_dates_prices_and_codes_alone():
 
 # ------------------------------------------------------------------------------------------------ corpus build
 
-def test_corpus_from_shared_literature_and_web(tmp_path, corpus):
+def test_corpus_from_literature_and_web(tmp_path, corpus):
     literature = tmp_path / "lit"
     literature.mkdir()
     for path in sorted((corpus / "literature").glob("0*.txt"))[:25]:

@@ -1,4 +1,4 @@
-"""Evaluation: exact leak scanner (with its self-test and controls) and bits/char (SPEC §7)."""
+"""Evaluation: exact leak scanner (with its self-test and controls) and bits/char (docs/design.md §11, §13)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Loading paths a user relies on: Auto classes, remote code without hitoban, pipeline, Trainer (SPEC §2, §1.2)."""
+"""Loading paths a user relies on: Auto classes, remote code without hitoban, pipeline, Trainer (docs/design.md §2)."""
 
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ PLAIN_TOKENIZER = BLOCKED_LOAD.split("import torch\n")[0] + textwrap.dedent("""
 def test_plain_autotokenizer_loads_hitoban_folders_without_hitoban(tiny_shards, pretrained, tmp_path):
     """Tokenizer, shard and Llama-export folders load with plain AutoTokenizer in a process that cannot import
     hitoban, with no remote-code prompt, and tokenize as hitoban's own loader. Model folders (config.json with
-    model_type "hitoban", SPEC §2) need trust_remote_code=True even for the tokenizer: transformers 5.24's
+    model_type "hitoban", docs/design.md §2) need trust_remote_code=True even for the tokenizer: transformers 5.24's
     AutoTokenizer reads the model config first, and an unknown model_type with auto_map prompts."""
     from hitoban.modeling.export_llama import export_llama
     from hitoban.training.tokenizer import load_tokenizer

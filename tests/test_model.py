@@ -1,4 +1,4 @@
-"""HitobanForCausalLM: shapes, init, loss semantics, generation paths, checkpointing (SPEC §2)."""
+"""HitobanForCausalLM: shapes, init, loss semantics, generation paths, checkpointing (docs/design.md §2)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Each fenced block in the README is preceded by `<!-- test: TAG -->`:
   ci       run here, in README order, in one work folder, with the sizes shrunk by SMALLER (paths point at
-           ../shared/corpus and the built-in data);
+           the test corpus and the built-in data);
   install  what .ci/run itself does (install, pytest); `hitoban demo` is run by tests/test_demo.py (--quick);
   network  needs the Hugging Face Hub (and a login to upload): marked `network`, run where it is reachable;
   gpu      needs several CUDA GPUs: run only where they exist;
@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from conftest import CORPUS, REPO
@@ -31,32 +32,38 @@ BLOCK = re.compile(r"<!-- test: (?P<tag>[\w-]+) -->\n```(?P<lang>\w+)\n(?P<code>
 BLOCKS = [(m["tag"], m["lang"], m["code"]) for m in BLOCK.finditer(README)]
 BUILTIN = REPO / "hitoban" / "data"
 
-# README text -> what CI runs instead. Every pattern must match (a README edit that drops one fails the test).
-SMALLER = [
-    ("--target-chars 1.2e9 --out data/corpus", "--target-chars 5e5 --out data/corpus"),
-    ("--vocab-size 32000", "--vocab-size 4000"),
-    ("--out data/shards\n", "--out data/shards --val-every 4 --shard-tokens 100000 --context 64\n"),
-    ("--hours 8 ", "--hours 8 --candidate tiny:8 --steps 2 --warmup 1 "),
-    ("--preset 3lm --batch-size 32 --work runs/killtest",
-     "--preset tiny --batch-size 8 --context 64 --work runs/killtest --steps 20"),
-    ("--preset 3lm --batch-size 32 --tokens 367608645", "--preset tiny --batch-size 8 --context 64 --steps 30"),
-    ("--max-hours 8.5 --supervise", "--max-hours 8.5 --supervise --eval-every 10 --eval-batches 2 --no-progress"),
-    ("--out runs/sft --exclude", "--out runs/sft --max-steps 10 --eval-steps 5 --batch-size 8 --exclude"),
-    ("chats.jsonl", f"{CORPUS}/dialogue/real-persona-chat.messages.jsonl"),
-    ("holdout.txt", f"{CORPUS}/3lm-eval/holdout_clean.txt"),
-    ("tone.jsonl", f"{BUILTIN}/builtin_chat.jsonl"),
-    ("eval/literature.txt", f"{CORPUS}/literature/000025_00201.txt"),
-    ("eval/web.txt", f"{CORPUS}/web-or-wiki/rust-book-ja.txt"),
-    ("questions.jsonl", f"{CORPUS}/3lm-eval/questions.jsonl"),
-    ("--canaries 8 --corpus small.txt", f"--canaries 8 --corpus {BUILTIN}/builtin_ja.txt --steps 200"),
-    ("hitoban secrets . --git", f"hitoban secrets {REPO} --git"),
-    ("--out eval/bpc.json", "--out eval/bpc.json --max-chars 50000"),
-    ('"your-name/hitoban-3lm"', '"runs/sft"'),
-]
+
+def smaller(corpus: Path) -> list[tuple[str, str]]:
+    """README text -> what CI runs instead, with the inputs taken from `corpus`. Every pattern must match (a README
+    edit that drops one fails the test)."""
+    return [
+        ("--target-chars 1.2e9 --out data/corpus", "--target-chars 5e5 --out data/corpus"),
+        ("--vocab-size 32000", "--vocab-size 4000"),
+        ("--out data/shards\n", "--out data/shards --val-every 4 --shard-tokens 100000 --context 64\n"),
+        ("--hours 8 ", "--hours 8 --candidate tiny:8 --steps 2 --warmup 1 "),
+        ("--preset 3lm --batch-size 32 --work runs/killtest",
+         "--preset tiny --batch-size 8 --context 64 --work runs/killtest --steps 20"),
+        ("--preset 3lm --batch-size 32 --tokens 367608645", "--preset tiny --batch-size 8 --context 64 --steps 30"),
+        ("--max-hours 8.5 --supervise", "--max-hours 8.5 --supervise --eval-every 10 --eval-batches 2 --no-progress"),
+        ("--out runs/sft --exclude", "--out runs/sft --max-steps 10 --eval-steps 5 --batch-size 8 --exclude"),
+        ("chats.jsonl", f"{corpus}/dialogue/real-persona-chat.messages.jsonl"),
+        ("holdout.txt", f"{corpus}/3lm-eval/holdout_clean.txt"),
+        ("tone.jsonl", f"{BUILTIN}/builtin_chat.jsonl"),
+        ("eval/literature.txt", f"{corpus}/literature/000025_00201.txt"),
+        ("eval/web.txt", f"{corpus}/web-or-wiki/rust-book-ja.txt"),
+        ("questions.jsonl", f"{corpus}/3lm-eval/questions.jsonl"),
+        ("--canaries 8 --corpus small.txt", f"--canaries 8 --corpus {BUILTIN}/builtin_ja.txt --steps 200"),
+        ("hitoban secrets . --git", f"hitoban secrets {REPO} --git"),
+        ("--out eval/bpc.json", "--out eval/bpc.json --max-chars 50000"),
+        ('"your-name/hitoban-3lm"', '"runs/sft"'),
+    ]
 
 
-def shrink(code: str) -> str:
-    for pattern, replacement in SMALLER:
+SMALLER = smaller(CORPUS)
+
+
+def shrink(code: str, corpus: Path = CORPUS) -> str:
+    for pattern, replacement in smaller(corpus):
         code = code.replace(pattern, replacement)
     return code
 
@@ -118,13 +125,13 @@ def run_in_process(lang: str, code: str, env) -> None:
                 run_block("bash", line, os.getcwd(), env)
 
 
-def make_my_texts(folder) -> None:
-    """The recipe's `my_texts/`: real literature (linked from ../shared) plus one document with three fake contacts
+def make_my_texts(folder, corpus: Path = CORPUS) -> None:
+    """The recipe's `my_texts/`: real literature (linked from `corpus`) plus one document with three fake contacts
     (Faker), as real text would have, so the PII probe has something to try through the masked-value log."""
     from hitoban.demo_data import fake_notice
 
     folder.mkdir()
-    books = sorted((CORPUS / "literature").glob("*.txt"))[:60]
+    books = sorted((corpus / "literature").glob("*.txt"))[:60]
     for book in books:
         (folder / book.name).symlink_to(book)
     snippets = ["".join(book.read_text(encoding="utf-8").split())[500:700] for book in books[:3]]
@@ -153,14 +160,16 @@ def test_every_code_block_is_tagged_and_every_substitution_applies():
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # the sum of the commands; each one has its own COMMAND_SECONDS deadline
-def test_every_ci_command_in_the_readme_runs(tmp_path, monkeypatch):
+def test_every_ci_command_in_the_readme_runs(tmp_path, monkeypatch, large_corpus):
+    """The recipe is written for more text than its shrunk --target-chars 5e5: it reads the larger corpus where
+    there is one (conftest.large_corpus), the repository's tests/corpus otherwise."""
     env = shell_env(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # `hitoban chat` reads until end of input
-    make_my_texts(tmp_path / "my_texts")
+    make_my_texts(tmp_path / "my_texts", large_corpus)
     for tag, lang, code in BLOCKS:
         if tag == "ci":
-            run_in_process(lang, shrink(code), env)
+            run_in_process(lang, shrink(code, large_corpus), env)
     # what the recipe promised to leave behind
     for path in ("data/corpus/manifest.json", "data/shards/shards_index.json", "runs/night/final/model.safetensors",
                  "runs/killtest/killtest.json", "runs/sft/summary.json", "runs/tone/summary.json",

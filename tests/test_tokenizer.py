@@ -1,4 +1,5 @@
-"""Tokenizer: SentencePiece-trained, tokenizers-run, byte fallback, chat template with assistant mask (SPEC §3)."""
+"""Tokenizer: SentencePiece-trained, tokenizers-run, byte fallback, chat template with assistant mask
+(docs/design.md §3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Chat data for SFT and tone fine-tuning: readers, 3LM's filters, holdout exclusion (SPEC §6, 3LM §3.3).
+"""Chat data for SFT and tone fine-tuning: readers, 3LM's filters, holdout exclusion (docs/design.md §10).
 
 Formats (one conversation per line): JSONL `{"messages": [{"role", "content"}, ...]}` or `{"user", "assistant"}`,
 TSV `user<TAB>assistant`, and 3LM's line format `<|user|>Q<|assistant|>A<|end|>` (repeated for several turns).

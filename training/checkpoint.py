@@ -1,4 +1,4 @@
-"""Crash-safe A/B checkpoints (SPEC §5, 3LM §5).
+"""Crash-safe A/B checkpoints (docs/design.md §7).
 
 RUN/CURRENT names the last good slot (`ckpt-A` or `ckpt-B`). A save always writes the *other* slot: model, optimizer
 (step, m, v per parameter, in safetensors), config, tokenizer, train_state.json, then COMPLETE, each fsync'd, and
@@ -218,8 +218,8 @@ class ResumeMismatch(CheckpointError):
 
 
 def check_resumable(train_state: TrainState, fingerprint: dict, allow: frozenset[str] | set[str] = frozenset()) -> dict:
-    """Refuse to resume when anything that shapes the trajectory changed (SPEC §5): model config, tokenizer, data,
-    and every training option in the fingerprint. Options named in `allow` may change (returned as
+    """Refuse to resume when anything that shapes the trajectory changed (docs/design.md §7): model config,
+    tokenizer, data, and every training option in the fingerprint. Options named in `allow` may change (returned as
     {option: [old, new]} for the log); options an older checkpoint did not record are returned under "unrecorded"."""
     saved = train_state.fingerprint
     changes = {key: [saved[key], value] for key, value in fingerprint.items() if key in saved and saved[key] != value}

@@ -1,4 +1,4 @@
-"""`hitoban corpus`: build a clean, licence-tracked pretraining corpus (SPEC §4.1, 3LM §3.1).
+"""`hitoban corpus`: build a clean, licence-tracked pretraining corpus (docs/design.md §4).
 
 Output folder: `documents.jsonl` (one `{"text", "source"}` object per line: streamable, and the source travels with
 each document so shards can count tokens per domain) and `manifest.json` (sources with repo/revision/licence and

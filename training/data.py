@@ -1,4 +1,4 @@
-"""Training-data reader: memory-mapped shards, batches as a pure function of (seed, step) (SPEC §4.2, §5).
+"""Training-data reader: memory-mapped shards, batches as a pure function of (seed, step) (docs/design.md §5).
 
 `batch(seed, step, batch_size, ctx)` draws, with `numpy.random.default_rng([seed, step])`, a shard for each row
 (proportional to shard tokens) and a random offset in it; a row is a window of ctx + 1 tokens (inputs and

@@ -1,4 +1,4 @@
-"""Document filters and PII masking for the pretraining corpus (SPEC §4.1, 3LM §3.1).
+"""Document filters and PII masking for the pretraining corpus (docs/design.md §4).
 
 The filters run in 3LM's order with its thresholds; the first failure rejects the document and the reason is
 counted. Cleaning never applies NFKC: full-width punctuation is part of Japanese text.
@@ -249,7 +249,7 @@ def reproduced(sealed: dict, output: str) -> str:
 
 
 def context_before(text: str, start: int) -> str:
-    """The attack context: up to 120 chars before `start`, newlines as spaces (3LM §13)."""
+    """The attack context: up to 120 chars before `start`, newlines as spaces (docs/design.md §14)."""
     return text[max(0, start - LOOKBACK_CHARS):start].replace("\n", " ")[-CONTEXT_CHARS:]
 
 

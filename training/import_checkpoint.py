@@ -1,4 +1,4 @@
-"""Import existing checkpoints into a hitoban `from_pretrained` folder (SPEC §2).
+"""Import existing checkpoints into a hitoban `from_pretrained` folder (docs/design.md §2).
 
 Formats:
 - `3lm`: a 3LM-MLX folder: `model.safetensors` (tok_emb, blocks.{i}.ln1/ln2, attn.qkv/proj, mlp.gate/up/down,

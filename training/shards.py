@@ -1,4 +1,4 @@
-"""`hitoban shards`: tokenize a corpus into zxell-format shards, and verify them (SPEC §4.2).
+"""`hitoban shards`: tokenize a corpus into zxell-format shards, and verify them (docs/design.md §5).
 
 Layout of SHARDS/:
   shards_index.json            tokenizer name + sha256, dtype, shard_tokens, seed, split rule, domains, shards
@@ -32,13 +32,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from hitoban.errors import InputError, OutputExistsError
-from hitoban.modeling.loading import TOKENIZER_FILES
 from hitoban.provenance import sha256_file
 from hitoban.training.corpus import iter_corpus, load_manifest
-from hitoban.training.tokenizer import SPECIAL_TOKENS, load_tokenizer
+from hitoban.training.markers import SPECIAL_TOKENS
 
 FORMAT = "hitoban-shards/1 (zxell layout)"
-SHARD_TOKENIZER_FILES = (*TOKENIZER_FILES, "tokenizer_meta.json", "sentencepiece.model")
+# kept beside the loader's TOKENIZER_FILES; building imports those (and transformers), --verify needs neither
+SHARD_TOKENIZER_EXTRA_FILES = ("tokenizer_meta.json", "sentencepiece.model")
 
 
 class ShardError(InputError):
@@ -200,6 +200,9 @@ def build_shards(
     progress: bool = True,
 ) -> dict:
     """Corpus folder + tokenizer folder -> verified shard folder `out` (temp dir + rename). Returns the index."""
+    from hitoban.modeling.loading import TOKENIZER_FILES
+    from hitoban.training.tokenizer import load_tokenizer
+
     started = time.time()
     corpus, tokenizer, out = Path(corpus), Path(tokenizer), Path(out)
     if out.exists():
@@ -229,8 +232,8 @@ def build_shards(
                 f"the train split has {train_tokens} tokens, fewer than one context window ({context} + 1); "
                 "give the corpus more text or pass a smaller --context"
             )
-        shutil.copytree(tokenizer, tmp / "tokenizer", ignore=lambda d, names: [n for n in names
-                                                                                if n not in SHARD_TOKENIZER_FILES])
+        keep = (*TOKENIZER_FILES, *SHARD_TOKENIZER_EXTRA_FILES)
+        shutil.copytree(tokenizer, tmp / "tokenizer", ignore=lambda d, names: [n for n in names if n not in keep])
         shards = train_writer.shards + writers["val"].shards + writers["test"].shards
         splits = {s: {"tokens": sum(x["tokens"] for x in shards if x["split"] == s),
                       "docs": sum(x["docs"] for x in shards if x["split"] == s),

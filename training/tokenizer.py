@@ -1,4 +1,4 @@
-"""Tokenizer: train a Unigram model with SentencePiece, run it with `tokenizers` (SPEC §3, 3LM §2).
+"""Tokenizer: train a Unigram model with SentencePiece, run it with `tokenizers` (docs/design.md §3).
 
 Why two libraries: SentencePiece's unigram trainer is ~6x faster and needs ~5x less memory than `tokenizers`'
 UnigramTrainer (11.2M chars: 82 s / 0.5 GB vs 501 s / 2.4 GB on 2 cores), while `tokenizers` is what
@@ -24,12 +24,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from hitoban.errors import InputError, OutputExistsError
-
-UNK, USER, ASSISTANT, END = "<|unk|>", "<|user|>", "<|assistant|>", "<|end|>"
-SPECIAL_TOKENS = [UNK, USER, ASSISTANT, END]
-# The markers as they appear in text, for code that measures or scans what lies between them (bits/char, the leak
-# scan); 3LM's own files also end documents with <|endoftext|>.
-MARKERS = re.compile(r"<\|(?:user|assistant|end|endoftext|unk)\|>")
+from hitoban.training.markers import ASSISTANT, END, MARKERS, SPECIAL_TOKENS, UNK, USER  # noqa: F401  (re-exported)
 
 # `<|user|>Q<|assistant|>A<|end|>` per turn, exactly 3LM's line format. `{% generation %}` marks what the model is
 # trained on (assistant content and the closing <|end|>, so it learns to stop); see `return_assistant_tokens_mask`.
@@ -48,7 +43,7 @@ _SENTENCE_END = re.compile(r"(?<=[。！？\n])")
 
 
 def sentence_pieces(text: str, min_bytes: int = 200, max_bytes: int = 6000, cut_chars: int = 2000) -> Iterator[str]:
-    """Split a document into tokenizer-training lines (3LM §2.3).
+    """Split a document into tokenizer-training lines (docs/design.md §3).
 
     Split after 。！？ or newline, merge consecutive pieces until >= `min_bytes` UTF-8 bytes, hard-cut any line
     over `max_bytes` into `cut_chars`-character chunks. Internal newlines become spaces; blank lines are dropped.

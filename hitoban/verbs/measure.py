@@ -42,7 +42,8 @@ def _eval_gen(args) -> int:
     from hitoban.evaluation.generation import compare, evaluate_generation
 
     if not args.questions:
-        raise UsageError("eval gen needs --questions FILE (e.g. ../shared/corpus/3lm-eval/questions.jsonl)")
+        raise UsageError("eval gen needs --questions FILE (e.g. hitoban/data/builtin_questions.jsonl, the 10 "
+                         "questions hitoban demo uses)")
 
     def show(item, text):
         print(f"[{item['id']}] {item['turns'][-1]} -> {text[:60]!r}", flush=True)
