@@ -152,6 +152,7 @@ def test_muon_in_bf16_is_torchs_muon_bit_for_bit_and_in_fp32_touches_no_bf16():
     assert max((a - b).abs().max().item() for a, b in zip(ours, theirs)) < 1e-2  # the same update, more exact
 
 
+@pytest.mark.slow
 def test_a_night_on_a_cpu_without_native_bf16_runs_muon_in_fp32_and_says_so(tiny_shards, tmp_path, monkeypatch):
     from hitoban.training.pretrain import pretrain
 
@@ -250,6 +251,7 @@ class RefuseFloat64(TorchDispatchMode):
         return out
 
 
+@pytest.mark.slow
 def test_validation_and_bits_per_char_make_no_float64_tensor(tiny_model_dir, tiny_shards, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -402,6 +404,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_ctrl_c_under_supervise_lets_the_run_save_and_does_not_relaunch(tmp_path):
     child = tmp_path / "child.py"
     child.write_text(CHILD)
