@@ -40,19 +40,21 @@ class TrainingOptions:
     adam_bias_correction: bool = option(True, "AdamW without bias correction (3LM/MLX semantics: smaller first "
                                               "updates)", flag="--no-adam-bias-correction")
     optimizer: str = option("muon", "muon: torch's Muon on the hidden matrices (update scaled to AdamW's RMS, same "
-                                    "--lr), AdamW on embeddings and norms; adamw: AdamW on everything (3LM). Muon "
-                                    "is the default by measurement (benchmarks/bench_night.py)",
+                                    "--lr; its Newton-Schulz in bf16 where native, else fp32), AdamW on embeddings "
+                                    "and norms; adamw: AdamW on everything (3LM). Muon is the default by measurement "
+                                    "(benchmarks/bench_night.py)",
                             choices=("adamw", "muon"))
     schedule: str = option("wsd", "wsd: warmup-stable-decay with a linear warmdown over --decay-frac (extendable); "
                                   "cosine: to --min-lr-ratio (3LM)", choices=("cosine", "wsd"))
     decay_frac: float = option(0.2, "wsd: the warmdown's share of the steps")
     dropout: float = option(0.0, "residual and embedding dropout")
     seed: int = option(1234, "initialisation and batches: (seed, step) -> batch")
-    precision: str = option("auto", "auto: bf16 on CUDA and on CPUs with native bf16 (AMX, AVX512-BF16); fp32 "
+    precision: str = option("auto", "auto: the device plan (training/hardware.py): bf16 where the hardware has it "
+                                    "(CUDA 8.0+, CPUs with AMX / AVX512-BF16), fp16 on CUDA 7.x (T4, V100), fp32 "
                                     "elsewhere, MPS included (bf16 there needs macOS 14; fp16 needs a GPU)",
                             choices=("auto", "no", "bf16", "fp16"))
-    compile: str = option("auto", "torch.compile the model. auto: on CUDA; on a CPU only when a measurement on this "
-                                  "machine says the run is long enough to repay the compile time (cached)",
+    compile: str = option("auto", "torch.compile the model. auto: on CUDA 7.0+; on a CPU only when a measurement on "
+                                  "this machine says the run is long enough to repay the compile time (cached)",
                           choices=("auto", "on", "off"))
     cpu: bool = option(False, "train on the CPU even when a GPU/MPS is present")
     memory_cap_gb: float | None = option(None, "cap GPU/MPS memory for this process (GiB)")
