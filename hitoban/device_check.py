@@ -12,6 +12,7 @@ raises CheckFailed (exit 1). `hitoban doctor --cpu` is the quick install check (
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from pathlib import Path
@@ -104,7 +105,6 @@ def _night_in_process(out: Path, cpu: bool, seed: int, steps: int):
 
     from hitoban.modeling import HitobanConfig
     from hitoban.modeling.loading import device_for
-    from hitoban.training.options import PretrainConfig
     from hitoban.training.pretrain import estimate_memory_bytes, pretrain
     from hitoban.training.shards import load_index
 
@@ -112,10 +112,7 @@ def _night_in_process(out: Path, cpu: bool, seed: int, steps: int):
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-    cfg = PretrainConfig(data=str(out / "shards"), out=str(out / "night"), preset="tiny", context=CONTEXT,
-                         batch_size=BATCH, steps=steps, lr=3e-3, warmup_frac=0.05, seed=seed, eval_every=steps,
-                         eval_batches=2, log_every=10, progress=False, cpu=cpu, resume="never")
-    summary = pretrain(cfg)
+    summary = pretrain(_night_config(out, cpu, seed, steps, resume="never"))
     config = HitobanConfig.from_preset("tiny", vocab_size=load_index(out / "shards")["tokenizer"]["vocab_size"])
     plan = _recorded_plan(out / "night")
     estimate = estimate_memory_bytes(config, BATCH, CONTEXT, plan["precision_used"])
@@ -131,6 +128,15 @@ def _night_in_process(out: Path, cpu: bool, seed: int, steps: int):
     return finished, night, memory
 
 
+def _night_config(out: Path, cpu: bool, seed: int, steps: int, **options):
+    """The in-process night's options (the placement check resumes the same trajectory)."""
+    from hitoban.training.options import PretrainConfig
+
+    return PretrainConfig(data=str(out / "shards"), out=str(out / "night"), preset="tiny", context=CONTEXT,
+                          batch_size=BATCH, steps=steps, lr=3e-3, warmup_frac=0.05, seed=seed, eval_every=steps,
+                          eval_batches=2, log_every=10, progress=False, cpu=cpu, **options)
+
+
 def _recorded_plan(run: Path) -> dict:
     import json
 
@@ -141,14 +147,10 @@ def _recorded_plan(run: Path) -> dict:
 def _placement(out: Path, cpu: bool, seed: int, steps: int):
     """Build the night again over its checkpoint (a resume) and check where the restored optimizer state sits."""
     from hitoban.training.loop import reset_accelerate_state
-    from hitoban.training.options import PretrainConfig
     from hitoban.training.pretrain import check_state_placement, setup
 
-    cfg = PretrainConfig(data=str(out / "shards"), out=str(out / "night"), preset="tiny", context=CONTEXT,
-                         batch_size=BATCH, steps=steps, lr=3e-3, warmup_frac=0.05, seed=seed, eval_every=steps,
-                         eval_batches=2, log_every=10, progress=False, cpu=cpu, compile="off")
     try:
-        run = setup(cfg)
+        run = setup(_night_config(out, cpu, seed, steps, compile="off"))
         check_state_placement(run.optimizer)
         tensors = sum(1 for s in run.optimizer.state.values() for v in s.values() if hasattr(v, "device"))
         return run.resumed_from is not None, f"resumed from {run.resumed_from.name}: {tensors} state tensors on " \
@@ -157,11 +159,9 @@ def _placement(out: Path, cpu: bool, seed: int, steps: int):
         reset_accelerate_state()
 
 
-def _bpc(out: Path, held_out: str, cpu: bool):
+def _bpc(model, tokenizer, held_out: str):
     from hitoban.evaluation.bpc import bits_per_char
-    from hitoban.modeling.loading import device_for, load_model_and_tokenizer
 
-    model, tokenizer = load_model_and_tokenizer(out / "run" / "final", device=device_for(cpu))
     result = bits_per_char(model, tokenizer, held_out, name="held-out built-in prose", window=CONTEXT)
     tokens = len(tokenizer(held_out, add_special_tokens=False)["input_ids"])
     uniform = math.log2(len(tokenizer)) * tokens / len(held_out)  # a model that learnt nothing
@@ -169,14 +169,12 @@ def _bpc(out: Path, held_out: str, cpu: bool):
     return bpc < uniform, f"{bpc:.3f} bits/char on {len(held_out):,} held-out chars (uniform: {uniform:.3f})", bpc
 
 
-def _generation(out: Path, cpu: bool):
+def _generation(model, tokenizer):
     import torch
 
     from hitoban.evaluation.kvcache import check_kvcache
-    from hitoban.modeling.loading import device_for, load_model_and_tokenizer
 
-    kv = check_kvcache(out / "run" / "final")
-    model, tokenizer = load_model_and_tokenizer(out / "run" / "final", device=device_for(cpu))
+    kv = check_kvcache(model)  # the killed-and-resumed run's final model, on the checked device
     prompt = tokenizer("夜の研究室は", return_tensors="pt").to(model.device)
     with torch.no_grad():
         ids = model.generate(**prompt, max_new_tokens=16, do_sample=False, pad_token_id=tokenizer.pad_token_id)
@@ -211,8 +209,11 @@ def run_device_check(out: str | Path = "hitoban-doctor", cpu: bool = False, seed
             table.run("memory estimate", lambda: (*memory, None))
         table.run("resume placement", lambda: _placement(out, cpu, seed, steps // 4))
         if (out / "run" / "final").exists():
-            table.run("bits/char", lambda: _bpc(out, held_out, cpu))
-            table.run("generation", lambda: _generation(out, cpu))
+            from hitoban.modeling.loading import load_model_and_tokenizer
+
+            final = functools.cache(lambda: load_model_and_tokenizer(out / "run" / "final", device=device))
+            table.run("bits/char", lambda: _bpc(*final(), held_out))
+            table.run("generation", lambda: _generation(*final()))
     report = {"kind": "device-check", "schema": 1, "device": device.type, "plan": plan.record(),
               "plant_fault": plant_fault, "checks": [dataclasses.asdict(c) for c in table.checks],
               "passed": all(c.passed is not False for c in table.checks), "seconds": round(time.time() - started, 1)}

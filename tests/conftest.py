@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,25 @@ def network_available() -> bool:
     except OSError:
         return False
 
+
+
+def free_port() -> int:
+    with socket.socket() as s:  # a fixed port collides with a run still closing (or another test run)
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_hitoban(args: list[str], processes: int, cwd, timeout: int = 600,
+                   **extra_env) -> subprocess.CompletedProcess:
+    """`hitoban ARGS` in 1 process, or in `processes` CPU processes under torchrun (DDP over gloo)."""
+    port = str(free_port())
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "MASTER_PORT": port, **extra_env}
+    if processes == 1:
+        command = [sys.executable, "-m", "hitoban.cli", *args]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
+                   "--master_port", port, "-m", "hitoban.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
 
 TRANSFORMERS_MARKERS = ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test",
                         "torch_compile_test", "torch_export_test", "is_agent_test", "is_expert_parallel_test",

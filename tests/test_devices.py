@@ -18,6 +18,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from conftest import launch_hitoban
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -429,25 +430,13 @@ def test_an_inf_loss_on_rank_one_only_stops_both_ranks_with_nothing_saved_past_i
     from hitoban.training.checkpoint import current_slot
     from hitoban.training.loop import INF_LOSS_ENV
 
-    port = _free_port()
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "MASTER_PORT": str(port),
-           INF_LOSS_ENV: "1:7"}
     run = tmp_path / "run"
     args = ["pretrain", "--data", str(tiny_shards), "--preset", "tiny", "--context", "64", "--steps", "20",
             "--batch-size", "8", "--log-every", "5", "--save-every-steps", "5", "--eval-every", "100",
             "--no-progress", "--cpu", "--precision", "no", "--out", str(run)]
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                           str(port), "-m", "hitoban.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=240)
+    done = launch_hitoban(args, 2, tmp_path, timeout=240, **{INF_LOSS_ENV: "1:7"})
     output = done.stdout + done.stderr
     assert done.returncode != 0
     assert output.count("became non-finite between steps 6 and 10") == 2, output[-3000:]  # both ranks, same words
     assert json.loads((current_slot(run) / "train_state.json").read_text())["step"] == 5
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import time
 
 import pytest
 import torch
+from conftest import launch_hitoban
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -243,44 +243,25 @@ def test_restore_check_compares_memory_with_a_fresh_reload_and_can_fail(tiny_sha
 
 # ------------------------------------------------------------------------------------------------ distributed
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:  # a fixed port collides with a run still closing (or another test run)
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(args: list[str], processes: int, tmp_path, timeout: int = 600, **extra_env) -> subprocess.CompletedProcess:
-    port = str(_free_port())
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "MASTER_PORT": port, **extra_env}
-    if processes == 1:
-        command = [sys.executable, "-m", "hitoban.cli", *args]
-    else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
-                   "--master_port", port, "-m", "hitoban.cli", *args]
-    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=timeout)
-
-
 @pytest.mark.slow
 def test_two_process_ddp_matches_one_process_and_resumes_in_one(tiny_shards, tmp_path):
     # fp32: the comparison is of DDP's arithmetic (2 x 4 rows vs 8 rows); bf16 autocast alone moves that by ~6e-4
     common = ["pretrain", "--data", str(tiny_shards), "--preset", "tiny", "--context", "64", "--steps", "12",
               "--batch-size", "8", "--log-every", "4", "--eval-every", "100", "--no-progress", "--cpu",
               "--precision", "no"]
-    two = _launch(common + ["--out", str(tmp_path / "ddp")], 2, tmp_path)
+    two = launch_hitoban(common + ["--out", str(tmp_path / "ddp")], 2, tmp_path)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "2 process(es)" in two.stdout + two.stderr
-    one = _launch(common + ["--out", str(tmp_path / "single")], 1, tmp_path)
+    one = launch_hitoban(common + ["--out", str(tmp_path / "single")], 1, tmp_path)
     assert one.returncode == 0, one.stderr[-3000:]
     a = load_file(str(current_slot(tmp_path / "ddp") / "model.safetensors"))
     b = load_file(str(current_slot(tmp_path / "single") / "model.safetensors"))
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
     # a checkpoint written by 2 processes resumes in 1: stop the 2-process run after its first step, finish alone
-    stop_early = _launch(common + ["--out", str(tmp_path / "mixed"), "--max-hours", "1e-9"], 2, tmp_path)
+    stop_early = launch_hitoban(common + ["--out", str(tmp_path / "mixed"), "--max-hours", "1e-9"], 2, tmp_path)
     assert stop_early.returncode == 0, stop_early.stderr[-3000:]
     assert json.loads((current_slot(tmp_path / "mixed") / "train_state.json").read_text())["step"] < 12
-    finish = _launch(common + ["--out", str(tmp_path / "mixed")], 1, tmp_path)
+    finish = launch_hitoban(common + ["--out", str(tmp_path / "mixed")], 1, tmp_path)
     assert finish.returncode == 0 and "# resumed at step" in finish.stdout
     c = load_file(str(current_slot(tmp_path / "mixed") / "model.safetensors"))
     assert max((c[k] - b[k]).abs().max().item() for k in c) < 1e-4
@@ -350,7 +331,7 @@ def test_ranks_with_skewed_clocks_stop_together(tiny_shards, tmp_path):
     args = ["pretrain", "--data", str(tiny_shards), "--preset", "tiny", "--context", "64", "--steps", "12",
             "--batch-size", "8", "--eval-every", "100", "--no-progress", "--cpu", "--max-hours", "1",
             "--out", str(tmp_path / "skewed")]
-    done = _launch(args, 2, tmp_path, timeout=240, **{CLOCK_SKEW_ENV: "1:100000"})
+    done = launch_hitoban(args, 2, tmp_path, timeout=240, **{CLOCK_SKEW_ENV: "1:100000"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((current_slot(tmp_path / "skewed") / "train_state.json").read_text())["step"] == 1
     assert "pretrain stopped (max_hours) at step 1/12" in done.stdout

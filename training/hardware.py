@@ -59,6 +59,7 @@ class DevicePlan:
 BF16_NATIVE_CAPABILITY = (8, 0)  # Ampere: bf16 tensor cores; torch.cuda.is_bf16_supported() also says yes to emulation
 FP16_TENSOR_CAPABILITY = (7, 0)  # Volta/Turing: fp16 tensor cores; Pascal (a GTX 1050: 6.1) runs fp16 at 1/64 rate
 INDUCTOR_MIN_CAPABILITY = (7, 0)  # Triton, under Inductor, refuses older GPUs
+MPS_BF16_MACOS = (14, 0)  # MPS runs bf16 from macOS 14
 CPU_BF16_ENV = "HITOBAN_CPU_BF16"  # 0/1: decide as on a CPU without/with native bf16 (benchmarks, tests)
 
 
@@ -74,12 +75,11 @@ def plan_device(facts: DeviceFacts) -> DevicePlan:
         why = (f"{facts.name or 'CUDA GPU'}, compute capability {cc[0]}.{cc[1]}: "
                + ("bf16 tensor cores" if native else f"no native bf16 (before 8.0), {half}")
                + ("" if compiles else "; Inductor needs compute capability 7.0, so no torch.compile"))
-    elif facts.type == "mps":
-        native = facts.macos is not None and facts.macos >= (14, 0)
-        precision, compiles = "no", False
+    elif facts.type == "mps":  # bf16 runs from macOS 14 but is not assumed fast: Muon and decoding stay fp32 too
+        native, precision, compiles = False, "no", False
         why = (f"Apple MPS on macOS {'.'.join(map(str, facts.macos or ()))}: fp32 (bf16 autocast is not consistently "
-               "faster there" + ("" if native else "; bf16 needs macOS 14") + "); Inductor's MPS backend is young")
-        native = False  # runs on macOS 14 but is not assumed fast: Muon and decoding stay fp32
+               "faster there" + ("" if mps_runs_bf16(facts) else "; bf16 needs macOS 14")
+               + "); Inductor's MPS backend is young")
     else:
         native = facts.cpu_bf16
         precision, compiles = ("bf16" if native else "no"), True
@@ -87,6 +87,10 @@ def plan_device(facts: DeviceFacts) -> DevicePlan:
                "no native bf16 (AVX2 or older: emulated bf16 is ~4x slower), so fp32 throughout"))
     dtype = "bfloat16" if native else "float32"
     return DevicePlan(precision, native, dtype, dtype, compiles, why)
+
+
+def mps_runs_bf16(facts: DeviceFacts) -> bool:
+    return facts.macos is not None and facts.macos >= MPS_BF16_MACOS
 
 
 def device_facts(device: torch.device | str) -> DeviceFacts:
@@ -247,7 +251,7 @@ def check_precision(facts: DeviceFacts | str, precision: str, warn=print) -> Non
     if precision == "fp16" and facts.type == "cuda" and (facts.capability or (0, 0)) < FP16_TENSOR_CAPABILITY:
         warn(f"warning: {facts.name} has no fp16 tensor cores (compute capability below 7.0): fp16 is slower than "
              "fp32 there; --precision no is faster")
-    if precision == "bf16" and facts.type == "mps" and not (facts.macos and facts.macos >= (14, 0)):
+    if precision == "bf16" and facts.type == "mps" and not mps_runs_bf16(facts):
         raise UsageError("bf16 on Apple's MPS needs macOS 14 or newer; use --precision fp16 or no (fp32)")
     if precision == "bf16" and facts.type == "cpu" and not facts.cpu_bf16:
         warn("warning: this CPU has no native bf16 (no AMX / AVX512-BF16): bf16 is emulated and about 4x slower "

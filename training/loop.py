@@ -222,9 +222,10 @@ def clock_skew(rank: int) -> float:
     return float(seconds) if target and int(target) == rank else 0.0
 
 
-def planted_inf(rank: int, step: int) -> bool:
+def planted_inf_step(rank: int) -> int | None:
+    """The step at which INF_LOSS_ENV plants an infinite loss on this rank, if it does (read once per run)."""
     target, _, at = os.environ.get(INF_LOSS_ENV, "").partition(":")
-    return bool(target) and int(target) == rank and int(at) == step
+    return int(at) if target and int(target) == rank else None
 
 
 _HOST_GROUP: list = []  # the gloo group for host-side decisions, made once per process group

@@ -26,7 +26,7 @@ from hitoban.training.loop import (
     Monitor,
     TrainingDiverged,
     clock_skew,
-    planted_inf,
+    planted_inf_step,
     train_step,
 )
 from hitoban.training.nll import token_nats
@@ -152,6 +152,7 @@ def train_night(run: Run) -> dict:
                               last_saved_step=state.step if run.resumed_from is not None else -1)
     policy.stop.install()
     session_start, elapsed_before, skew = time.time(), state.elapsed_sec, clock_skew(rank)
+    inf_at = planted_inf_step(rank)
 
     def elapsed() -> float:  # training time over all sessions
         return elapsed_before + time.time() - session_start + skew
@@ -187,7 +188,7 @@ def train_night(run: Run) -> dict:
             loss, grad_norm = train_step(run.train_model, run.optimizer, accelerator, rows, cfg.grad_accum,
                                          cfg.grad_clip)
             done = state.step = step + 1
-            if planted_inf(rank, done):
+            if done == inf_at:
                 loss = loss * float("inf")
             state.tokens_seen = done * run.tokens_per_step
             monitor.on_step(done, loss, grad_norm)

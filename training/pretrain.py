@@ -133,30 +133,32 @@ def estimate_memory_bytes(config: HitobanConfig, micro_batch: int, context: int,
     return params * 16 + activations + logits
 
 
+def state_device(group: dict, param: torch.Tensor, key: str) -> torch.device:
+    """Where an optimizer reads one state tensor: a fused or capturable AdamW reads everything, `step` included, on
+    the parameter's device (torch's own load_state_dict keeps it there for them); a plain (for-each) one reads `step`
+    on the CPU (on the device it costs a host sync per parameter per step) and the rest on the parameter's device."""
+    on_device = group.get("fused") or group.get("capturable") or key != "step"
+    return param.device if on_device else torch.device("cpu")
+
+
 def place_step_counters(optimizer: torch.optim.Optimizer) -> None:
-    """Put each restored `step` counter where its optimizer reads it. Accelerate's prepare() moves the whole restored
-    state to the device; a plain (for-each) AdamW wants `step` on the CPU (on the device it costs a host sync per
-    parameter per step), while fused and capturable AdamW read it on the parameter's device and fail at the first
-    step if it is anywhere else (torch's own load_state_dict keeps it there for them)."""
+    """Put each restored `step` counter where its optimizer reads it (`state_device`): Accelerate's prepare() moves
+    the whole restored state to the device, and a fused AdamW fails at its first step with `step` anywhere else."""
     for group in optimizer.param_groups:
-        on_device = group.get("fused") or group.get("capturable")
         for param in group["params"]:
             state = optimizer.state.get(param) or {}
             if torch.is_tensor(state.get("step")):
-                state["step"] = state["step"].to(param.device if on_device else "cpu")
+                state["step"] = state["step"].to(state_device(group, param, "step"))
 
 
 def check_state_placement(optimizer: torch.optim.Optimizer) -> None:
-    """Every state tensor of a fused or capturable group on its parameter's device, and a plain group's `step` on
-    the CPU, or a CheckpointError naming the first that is not (the check `hitoban doctor` runs after a resume)."""
+    """Every state tensor where its optimizer reads it (`state_device`), or a CheckpointError naming the first that
+    is not (the check `hitoban doctor` runs after a resume)."""
     for group in optimizer.param_groups:
-        on_device = group.get("fused") or group.get("capturable")
         for param in group["params"]:
             for key, value in (optimizer.state.get(param) or {}).items():
-                if not torch.is_tensor(value):
-                    continue
-                want = param.device if on_device or key != "step" else torch.device("cpu")
-                if value.device != want:
+                want = state_device(group, param, key)
+                if torch.is_tensor(value) and value.device != want:
                     raise CheckpointError(f"optimizer state {key!r} of a {tuple(param.shape)} parameter is on "
                                           f"{value.device}, its optimizer reads it on {want}")
 
