@@ -3,6 +3,7 @@
 from setuptools import setup
 
 AREAS = ["modeling", "training", "evaluation", "release"]
+ROOMS = ["data", "pretrain", "finetune"]  # training/'s rooms, along the command line's stages
 
 setup(
     name="hitoban",
@@ -13,7 +14,8 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.11",  # transformers 5.24 requires it
     # spaces/ is the Gradio Space exactly as uploaded (no __init__.py); it ships as data for `hitoban space`
-    packages=["hitoban", "hitoban.data", "hitoban.verbs", "hitoban.spaces"] + [f"hitoban.{area}" for area in AREAS],
+    packages=["hitoban", "hitoban.data", "hitoban.verbs", "hitoban.spaces"] + [f"hitoban.{area}" for area in AREAS]
+    + [f"hitoban.training.{room}" for room in ROOMS],
     package_dir={"hitoban": "hitoban", "hitoban.spaces": "spaces", **{f"hitoban.{area}": area for area in AREAS}},
     package_data={"hitoban.data": ["*.txt", "*.jsonl", "*.md"], "hitoban.spaces": ["*.py", "*.txt", "*.md"]},
     install_requires=[

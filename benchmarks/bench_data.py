@@ -52,8 +52,8 @@ def main() -> None:
     rows = []
 
     # 1. corpus build: literature (one work per file, no truncation) + web docs (blank-line separated pages)
-    from hitoban.training.corpus import build_corpus, local_source
-    from hitoban.training.filters import FilterSettings
+    from hitoban.training.data.corpus import build_corpus, local_source
+    from hitoban.training.data.filters import FilterSettings
 
     literature = [str(p) for p in sorted((corpus_dir / "literature").glob("0*.txt"))]
     web = [str(p) for p in sorted((corpus_dir / "web-or-wiki").glob("*.txt"))]
@@ -70,19 +70,19 @@ def main() -> None:
 
     # 2. tokenizer training: full hitoban path vs SentencePiece alone on the very same sample file
     tok_seconds, tok_rss = run_measured(f"""
-        from hitoban.training.tokenizer import train_tokenizer_from_corpus
+        from hitoban.training.data.tokenizer import train_tokenizer_from_corpus
         train_tokenizer_from_corpus({str(out / 'corpus')!r}, {str(out / 'tok')!r}, vocab_size={args.vocab_size})
     """)
     meta = json.loads((out / "tok" / "tokenizer_meta.json").read_text())
     sample_chars = meta["sample"]["chars"]
     run_measured(f"""
-        from hitoban.training.corpus import iter_corpus
-        from hitoban.training.tokenizer import write_training_sample
+        from hitoban.training.data.corpus import iter_corpus
+        from hitoban.training.data.tokenizer import write_training_sample
         write_training_sample(((r["source"], r["text"]) for r in iter_corpus({str(out / 'corpus')!r})),
                               {str(out / 'sample.txt')!r})
     """)
     spm_seconds, spm_rss = run_measured(f"""
-        from hitoban.training.tokenizer import train_sentencepiece
+        from hitoban.training.data.tokenizer import train_sentencepiece
         train_sentencepiece({str(out / 'sample.txt')!r}, {args.vocab_size})
     """)
     rows.append({"row": "tokenizer training (chars/s)", "hitoban": sample_chars / tok_seconds,
@@ -95,8 +95,8 @@ def main() -> None:
     # 3. encode: the shards pipeline vs raw encode_batch over the same documents
     from tokenizers import Tokenizer
 
-    from hitoban.training.corpus import iter_corpus
-    from hitoban.training.shards import build_shards
+    from hitoban.training.data.corpus import iter_corpus
+    from hitoban.training.data.shards import build_shards
 
     texts = [r["text"] for r in iter_corpus(out / "corpus")]
     chars = sum(map(len, texts))
@@ -114,7 +114,7 @@ def main() -> None:
                          "reference = encode_batch alone"})
 
     # 4. chars/token on held-out text per domain
-    from hitoban.training.tokenizer import chars_per_token, load_tokenizer
+    from hitoban.training.data.tokenizer import chars_per_token, load_tokenizer
 
     tok = load_tokenizer(out / "tok")
     held_lit = [p.read_text(encoding="utf-8") for p in sorted((corpus_dir / "literature").glob("0*.txt"))[-40:]]

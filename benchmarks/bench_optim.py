@@ -23,8 +23,8 @@ import torch
 
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
 from hitoban.training.hardware import cpu_model, plan_for
-from hitoban.training.loop import reset_accelerate_state, train_step
-from hitoban.training.optim import build_optimizer
+from hitoban.training.pretrain.optim import build_optimizer
+from hitoban.training.step import reset_accelerate_state, train_step
 
 ROWS = {"adamw": ("adamw", "float32"), "muon, bf16 Newton-Schulz (torch's)": ("muon", "bfloat16"),
         "muon, fp32 Newton-Schulz": ("muon", "float32")}

@@ -64,10 +64,10 @@ def make_inputs(corpus: Path, root: Path) -> dict[str, Path]:
 
     from hitoban import HitobanConfig, HitobanForCausalLM
     from hitoban.provenance import weights_sha256
-    from hitoban.training.corpus import build_corpus, local_source
-    from hitoban.training.filters import FilterSettings
-    from hitoban.training.shards import build_shards
-    from hitoban.training.tokenizer import train_tokenizer_from_corpus
+    from hitoban.training.data.corpus import build_corpus, local_source
+    from hitoban.training.data.filters import FilterSettings
+    from hitoban.training.data.shards import build_shards
+    from hitoban.training.data.tokenizer import train_tokenizer_from_corpus
 
     literature = sorted((corpus / "literature").glob("0*.txt"))
     build_corpus([local_source([str(p) for p in literature[:30]], name="literature", doc_per_file=True)],

@@ -21,14 +21,13 @@ from pathlib import Path
 import torch
 
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
-from hitoban.training.checkpoint import TrainState, load_checkpoint, save_checkpoint
-from hitoban.training.data import ShardReader
+from hitoban.training.data.reader import ShardReader
 from hitoban.training.hardware import default_precision, plan_for
-from hitoban.training.loop import reset_accelerate_state, train_step
-from hitoban.training.night import evaluate
-from hitoban.training.optim import AdamW, build_optimizer
-from hitoban.training.options import DEFAULT_LR
-from hitoban.training.pretrain import PretrainConfig, pretrain
+from hitoban.training.pretrain.checkpoint import TrainState, load_checkpoint, save_checkpoint
+from hitoban.training.pretrain.optim import AdamW, build_optimizer
+from hitoban.training.pretrain.options import DEFAULT_LR, PretrainConfig
+from hitoban.training.pretrain.trainer import evaluate, pretrain
+from hitoban.training.step import reset_accelerate_state, train_step
 
 
 def bare_tok_s(data: str, preset: str, steps: int, batch: int, context: int, precision: str,

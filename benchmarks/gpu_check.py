@@ -45,10 +45,10 @@ print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "devic
 DATA = r"""
 import sys
 from pathlib import Path
-from hitoban.training.corpus import build_corpus, local_source
-from hitoban.training.filters import FilterSettings
-from hitoban.training.shards import build_shards
-from hitoban.training.tokenizer import train_tokenizer_from_corpus
+from hitoban.training.data.corpus import build_corpus, local_source
+from hitoban.training.data.filters import FilterSettings
+from hitoban.training.data.shards import build_shards
+from hitoban.training.data.tokenizer import train_tokenizer_from_corpus
 corpus, out = Path(sys.argv[1]), Path(sys.argv[2])
 if not (out / "shards" / "shards_index.json").exists():
     books = [str(p) for p in sorted((corpus / "literature").glob("*.txt"))]
@@ -63,7 +63,7 @@ print(out / "shards")
 # `hitoban killtest`'s harness without its figure (matplotlib is not among the carried wheels)
 KILLTEST = r"""
 import json, sys
-from hitoban.training.killtest import run_killtest
+from hitoban.training.pretrain.killtest import run_killtest
 options = ["--preset", "3lm", "--batch-size", "32", "--context", "512", "--compile", "off"]
 result = run_killtest(sys.argv[1], sys.argv[2], options, steps=60, kills=2)
 print(json.dumps({k: result[k] for k in ("passed", "mode", "noise", "killed_diff", "control_diff", "checks")}))

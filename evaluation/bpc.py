@@ -23,9 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from hitoban.errors import InputError
+from hitoban.evaluation.options import DOMAIN_CHARS
 from hitoban.provenance import write_json
+from hitoban.training.data.tokenizer import MARKERS
 from hitoban.training.nll import token_nats
-from hitoban.training.tokenizer import MARKERS
 
 WINDOW = 256
 MIN_STABLE_WINDOWS = 8
@@ -92,7 +93,7 @@ def read_domain(name: str, path: str | Path) -> str:
     return text
 
 
-def cross_domain(models: list[str | Path], domains: dict[str, str | Path], max_chars: int | None = 400_000,
+def cross_domain(models: list[str | Path], domains: dict[str, str | Path], max_chars: int | None = DOMAIN_CHARS,
                  progress: bool = True, shards: str | Path | None = None) -> dict:
     """bits/char for every model x domain (3LM truncates each domain to its first 400,000 chars); with `shards`,
     also every model on each source of that shard set's val split (as domains named `val:SOURCE`)."""
@@ -117,7 +118,7 @@ def cross_domain(models: list[str | Path], domains: dict[str, str | Path], max_c
 def shard_domain_bpc(model, tokenizer, shards: str | Path, max_tokens: int = 200_000) -> list[dict]:
     """Per-domain bits/char on a shard set's val split (domains from `.domains.u8`), over whole documents only:
     each document is preceded by the previous one's `<|end|>`, and the `<|end|>` tokens count on neither side."""
-    from hitoban.training.data import ShardReader
+    from hitoban.training.data.reader import ShardReader
 
     reader = ShardReader(shards, "val")
     special = np.array(sorted(set(tokenizer.all_special_ids)), dtype=np.int64)

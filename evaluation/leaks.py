@@ -37,7 +37,7 @@ import numpy as np
 
 from hitoban.evaluation.matching import LeakScanError, Matcher, scan_bytes_chunks
 from hitoban.provenance import write_json
-from hitoban.training.markers import MARKERS
+from hitoban.training.data.markers import MARKERS
 
 CHUNK = 16 * 2**20
 MIN_WHOLE_TURN_BYTES = 23  # the fast engine's minimum, so whole turns never force a slower engine

@@ -36,8 +36,8 @@ from tqdm.auto import tqdm
 
 from hitoban.errors import MissingInputError
 from hitoban.provenance import TEST_DATA_MARKER, sha256_file, weights_sha256, write_json
-from hitoban.training.corpus import PII_LOG
-from hitoban.training.filters import (
+from hitoban.training.data.corpus import PII_LOG
+from hitoban.training.data.filters import (
     BROAD_EMAIL,
     BROAD_PHONE,
     CONTEXT_CHARS,
@@ -60,7 +60,7 @@ __all__ = ["CONTEXT_CHARS", "MIN_CONTEXT_CHARS", "mask_value", "judge", "mine_ca
 def corpus_texts(paths: Iterable[str | os.PathLike]) -> Iterator[str]:
     """Corpus text in blocks: `hitoban corpus` folders document by document, plain text files in 8 Mi-char
     blocks that carry the previous block's last 360 chars (so a contact's context never breaks at a border)."""
-    from hitoban.training.corpus import iter_corpus
+    from hitoban.training.data.corpus import iter_corpus
 
     for path in map(Path, paths):
         if path.is_dir():
@@ -313,7 +313,7 @@ def canary_control(documents: list[str], out: str | os.PathLike, count: int = 8,
     (out / "planted.txt").write_text("\n".join(d.replace("\n", " ") for d in planted) + "\n", encoding="utf-8")
     from transformers import AutoTokenizer
 
-    from hitoban.training.tokenizer import train_tokenizer_from_texts
+    from hitoban.training.data.tokenizer import train_tokenizer_from_texts
 
     # One tokenizer, trained on the clean documents, for both models: the canaries must not shape the vocabulary,
     # so the only difference between the two models is whether their weights saw the canaries.

@@ -69,17 +69,19 @@ class Stages:
 
 def pretrain_options(settings: DemoSettings, cpu: bool, seed: int) -> list[str]:
     """The demo night's `hitoban pretrain` options (the kill test runs exactly these)."""
-    return (["--preset", "tiny", "--batch-size", str(settings.batch_size), "--context", str(settings.context),
-             "--lr", str(settings.pretrain_lr), "--warmup-frac", "0.05", "--seed", str(seed),
-             "--eval-every", str(max(settings.pretrain_steps // 6, 10)), "--eval-batches", "4"]
-            + (["--cpu"] if cpu else []))
+    from hitoban.training.options import argv_for
+    from hitoban.training.pretrain.options import PretrainConfig
+
+    return argv_for(PretrainConfig, preset="tiny", batch_size=settings.batch_size, context=settings.context,
+                    lr=settings.pretrain_lr, warmup_frac=0.05, seed=seed,
+                    eval_every=max(settings.pretrain_steps // 6, 10), eval_batches=4, cpu=cpu)
 
 
 def pretrain_with_kill(shards: Path, out: Path, settings: DemoSettings, cpu: bool, seed: int, log) -> dict:
     """The real kill test (`hitoban killtest`'s harness) on the demo's configuration: its killed-and-resumed run
     is the demo's model (out/run), checked against two uninterrupted runs and a dropped-optimizer control."""
     from hitoban.evaluation.plots import plot_killtest
-    from hitoban.training.killtest import run_killtest, train_losses
+    from hitoban.training.pretrain.killtest import run_killtest, train_losses
 
     result = run_killtest(shards, out / "killtest", pretrain_options(settings, cpu, seed),
                           steps=settings.pretrain_steps, kills=2, killed_run=out / "run", log=lambda *_: None)
@@ -147,11 +149,12 @@ class DemoRun:
     def __init__(self, out: Path, source: list[str], settings: DemoSettings, cpu: bool, seed: int, log):
         self.out, self.source, self.settings, self.cpu, self.seed, self.log = out, source, settings, cpu, seed, log
         self.release = out / "release"
-        self.sources, self.domains, self.prose_train, self.target = prepare_data(source, out / "data", settings)
+        self.sources, self.domains, self.prose_train, self.target = prepare_data(
+            source, out / "data", settings.seed_contacts, settings.aozora_chars)
 
     def corpus(self):
-        from hitoban.training.corpus import build_corpus
-        from hitoban.training.filters import FilterSettings
+        from hitoban.training.data.corpus import build_corpus
+        from hitoban.training.data.filters import FilterSettings
 
         m = build_corpus(self.sources, self.out / "corpus", target_chars=self.target, seed=self.seed,
                          settings=FilterSettings(min_chars=50), progress=False)
@@ -159,8 +162,8 @@ class DemoRun:
         return f"{m['total_documents']} documents, {m['total_chars']:,} chars ({rejected} rejected)", m["total_chars"]
 
     def tokenizer(self):
-        from hitoban.training.corpus import iter_corpus
-        from hitoban.training.tokenizer import train_tokenizer_from_corpus
+        from hitoban.training.data.corpus import iter_corpus
+        from hitoban.training.data.tokenizer import train_tokenizer_from_corpus
 
         # SentencePiece needs a piece for every character, and other sources than the built-in text can have more
         # distinct characters than the demo's small vocabulary.
@@ -173,7 +176,7 @@ class DemoRun:
         return f"{meta['vocab_size']:,} pieces, {cpt} chars/token on held-out documents", meta["vocab_size"]
 
     def shards(self):
-        from hitoban.training.shards import build_shards, verify_shards
+        from hitoban.training.data.shards import build_shards, verify_shards
 
         build_shards(self.out / "corpus", self.out / "tokenizer", self.out / "shards", shard_tokens=20_000,
                      val_every=8, context=self.settings.context, seed=self.seed, progress=False)
@@ -182,11 +185,14 @@ class DemoRun:
                 "tokenizer)"), splits
 
     def calibrate(self):
-        from hitoban.training.calibrate import calibrate
+        from hitoban.training.pretrain.calibrate import calibrate
+        from hitoban.training.pretrain.options import CalibrateOptions
 
-        result = calibrate([f"tiny:{self.settings.batch_size}"], hours=8.0, data_dir=str(self.out / "shards"),
-                           context=self.settings.context, steps=self.settings.calibrate_steps, warmup=1,
-                           cpu=self.cpu, log=lambda *_: None, out=self.out / "calibration.json")
+        options = CalibrateOptions(candidate=[f"tiny:{self.settings.batch_size}"], hours=8.0,
+                                   data=str(self.out / "shards"), context=self.settings.context,
+                                   steps=self.settings.calibrate_steps, warmup=1, cpu=self.cpu, compile="off",
+                                   out=str(self.out / "calibration.json"))
+        result = calibrate(options, log=lambda *_: None)
         row = result["results"][0]
         return (f"tiny x batch {row['batch']}: {row['tok_per_sec']:,.0f} tok/s -> {row['tokens_in_budget']:,} "
                 f"tokens in 8 h (D/N {row['d_over_n']:.0f})"), row["tok_per_sec"]
@@ -207,14 +213,15 @@ class DemoRun:
                 "detected"), result
 
     def sft(self):
-        from hitoban.training.chat_data import ChatFilterSettings
-        from hitoban.training.sft import finetune
+        from hitoban.training.finetune.options import FinetuneOptions
+        from hitoban.training.finetune.sft import finetune
 
         steps = self.settings.sft_steps
-        summary = finetune(self.out / "run" / "final", [self.out / "data" / "chat_train.jsonl"], self.out / "sft",
-                           lr=self.settings.sft_lr, max_steps=steps, batch_size=8, val_frac=0.1, quiet=True,
-                           eval_steps=max(steps // 4, 5), seed=self.seed, log=lambda *_: None,
-                           filters=ChatFilterSettings(min_char_freq=1))
+        options = FinetuneOptions(base=str(self.out / "run" / "final"), data=[str(self.out / "data" /
+                                  "chat_train.jsonl")], out=str(self.out / "sft"), lr=self.settings.sft_lr,
+                                  max_steps=steps, batch_size=8, val_frac=0.1, eval_steps=max(steps // 4, 5),
+                                  seed=self.seed, min_char_freq=1)
+        summary = finetune(options, quiet=True, log=lambda *_: None)
         self.release.mkdir()
         for item in (self.out / "sft").iterdir():  # the model, without the Trainer's checkpoints and arguments
             if item.is_file() and item.name != "summary.json" and not item.name.startswith("training_args"):
@@ -253,7 +260,7 @@ class DemoRun:
 
     def pii(self):
         from hitoban.evaluation import privacy as pii
-        from hitoban.training.corpus import iter_corpus
+        from hitoban.training.data.corpus import iter_corpus
 
         probe = pii.probe_model(self.release, [self.out / "corpus"], progress=False, out=self.out / "eval" / "pii.json")
         shutil.copy2(self.out / "eval" / "pii.json", self.release / "pii.json")  # the upload checks it (not sent)

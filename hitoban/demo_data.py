@@ -6,12 +6,8 @@ from __future__ import annotations
 import json
 from importlib.resources import files
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from hitoban.training.corpus import builtin_documents
-
-if TYPE_CHECKING:
-    from hitoban.demo import DemoSettings
+from hitoban.training.data.corpus import builtin_documents
 
 HELD_OUT_EVERY = 7  # every 7th builtin document / dialogue is kept out of training for evaluation
 
@@ -21,11 +17,11 @@ def builtin_chats() -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-def prepare_data(source: list[str], data: Path, settings: DemoSettings):
+def prepare_data(source: list[str], data: Path, seed_contacts: int, aozora_chars: int):
     """Write the demo's inputs under DIR/data and return the corpus sources. Chats and questions are always the
     built-in ones (SFT needs dialogues); the pretraining text is the built-in prose, Aozora, FineWeb-2 or files."""
     from hitoban.provenance import TEST_DATA_MARKER
-    from hitoban.training.corpus import hub_source, local_source
+    from hitoban.training.data.corpus import hub_source, local_source
 
     data.mkdir(parents=True, exist_ok=True)
     chats = builtin_chats()
@@ -55,7 +51,7 @@ def prepare_data(source: list[str], data: Path, settings: DemoSettings):
         fakes.mkdir(exist_ok=True)
         (fakes / TEST_DATA_MARKER).write_text("Fake contacts (Faker ja_JP) for the PII probe; nobody's data.\n",
                                               encoding="utf-8")
-        (fakes / "notices.txt").write_text(fake_notice(train, settings.seed_contacts), encoding="utf-8")
+        (fakes / "notices.txt").write_text(fake_notice(train, seed_contacts), encoding="utf-8")
         licence = "Apache-2.0 (original text written for hitoban)"
         sources = [local_source([str(data / "prose_train.txt")], name="builtin-prose", blank_line_docs=True,
                                 license=licence),
@@ -66,7 +62,7 @@ def prepare_data(source: list[str], data: Path, settings: DemoSettings):
                                 license="generated: fake contacts (Faker ja_JP) for the PII probe")]
         return sources, domains, train, None
     if source in (["aozora"], ["fineweb2-ja"]):
-        return [hub_source(source[0])], domains, None, settings.aozora_chars
+        return [hub_source(source[0])], domains, None, aozora_chars
     return [local_source(source)], domains, None, None
 
 

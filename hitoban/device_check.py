@@ -57,10 +57,10 @@ class Table:
 
 
 def _data(out: Path, seed: int):
-    from hitoban.training.corpus import build_corpus, builtin_documents, local_source
-    from hitoban.training.filters import FilterSettings
-    from hitoban.training.shards import build_shards, verify_shards
-    from hitoban.training.tokenizer import train_tokenizer_from_corpus
+    from hitoban.training.data.corpus import build_corpus, builtin_documents, local_source
+    from hitoban.training.data.filters import FilterSettings
+    from hitoban.training.data.shards import build_shards, verify_shards
+    from hitoban.training.data.tokenizer import train_tokenizer_from_corpus
 
     documents = builtin_documents()
     train, held_out = documents[:-HELD_OUT], documents[-HELD_OUT:]
@@ -80,13 +80,15 @@ def _data(out: Path, seed: int):
 
 def _options(cpu: bool, seed: int) -> list[str]:
     """The doctor night's `hitoban pretrain` options: auto precision, eager (compile is the in-process run's)."""
-    return (["--preset", "tiny", "--batch-size", str(BATCH), "--context", str(CONTEXT), "--lr", "3e-3",
-             "--warmup-frac", "0.05", "--seed", str(seed), "--eval-every", "20", "--eval-batches", "2",
-             "--compile", "off"] + (["--cpu"] if cpu else []))
+    from hitoban.training.options import argv_for
+    from hitoban.training.pretrain.options import PretrainConfig
+
+    return argv_for(PretrainConfig, preset="tiny", batch_size=BATCH, context=CONTEXT, lr=3e-3, warmup_frac=0.05,
+                    seed=seed, eval_every=20, eval_batches=2, compile="off", cpu=cpu)
 
 
 def _killtest(out: Path, cpu: bool, seed: int, steps: int, plant_fault: str | None):
-    from hitoban.training.killtest import run_killtest
+    from hitoban.training.pretrain.killtest import run_killtest
 
     result = run_killtest(out / "shards", out / "killtest", _options(cpu, seed), steps=steps, kills=2,
                           killed_run=out / "run", log=lambda *_: None, plant_fault=plant_fault)
@@ -105,8 +107,9 @@ def _night_in_process(out: Path, cpu: bool, seed: int, steps: int):
 
     from hitoban.modeling import HitobanConfig
     from hitoban.modeling.loading import device_for
-    from hitoban.training.pretrain import estimate_memory_bytes, pretrain
-    from hitoban.training.shards import load_index
+    from hitoban.training.data.shards import load_index
+    from hitoban.training.pretrain.budget import estimate_memory_bytes
+    from hitoban.training.pretrain.trainer import pretrain
 
     device = device_for(cpu)
     if device.type == "cuda":
@@ -130,7 +133,7 @@ def _night_in_process(out: Path, cpu: bool, seed: int, steps: int):
 
 def _night_config(out: Path, cpu: bool, seed: int, steps: int, **options):
     """The in-process night's options (the placement check resumes the same trajectory)."""
-    from hitoban.training.options import PretrainConfig
+    from hitoban.training.pretrain.options import PretrainConfig
 
     return PretrainConfig(data=str(out / "shards"), out=str(out / "night"), preset="tiny", context=CONTEXT,
                           batch_size=BATCH, steps=steps, lr=3e-3, warmup_frac=0.05, seed=seed, eval_every=steps,
@@ -146,11 +149,12 @@ def _recorded_plan(run: Path) -> dict:
 
 def _placement(out: Path, cpu: bool, seed: int, steps: int):
     """Build the night again over its checkpoint (a resume) and check where the restored optimizer state sits."""
-    from hitoban.training.loop import reset_accelerate_state
-    from hitoban.training.pretrain import check_state_placement, setup
+    from hitoban.training.pretrain.resume import check_state_placement
+    from hitoban.training.pretrain.trainer import Trainer
+    from hitoban.training.step import reset_accelerate_state
 
     try:
-        run = setup(_night_config(out, cpu, seed, steps, compile="off"))
+        run = Trainer(_night_config(out, cpu, seed, steps, compile="off"))
         check_state_placement(run.optimizer)
         tensors = sum(1 for s in run.optimizer.state.values() for v in s.values() if hasattr(v, "device"))
         return run.resumed_from is not None, f"resumed from {run.resumed_from.name}: {tensors} state tensors on " \

@@ -17,9 +17,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hitoban.errors import CheckFailed
 from hitoban.provenance import write_json
-from hitoban.training.corpus import builtin_documents
+from hitoban.training.data.corpus import builtin_documents
+from hitoban.training.data.tokenizer import train_tokenizer_from_texts
 from hitoban.training.tiny import token_stream, train_tiny, windows
-from hitoban.training.tokenizer import train_tokenizer_from_texts
 
 
 def run_doctor(out: str | Path, steps: int = 200, seed: int = 0, vocab_size: int = 1200, log=print) -> dict:

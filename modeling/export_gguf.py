@@ -17,17 +17,14 @@ unigram and reads its settings from the file, not from `tokenizer.json`:
   assumes true for SentencePiece vocabularies and would prepend "▁" to every text;
 - `add_bos_token = false`: hitoban has no BOS token (llama.cpp would otherwise put id 1, `<|user|>`, first).
 
-`sentencepiece_model` rebuilds the SentencePiece model from `tokenizer.json` (any hitoban folder has one; the
-trainer's own `sentencepiece.model` is not copied into checkpoints), and checks that SentencePiece then gives the
-same ids as transformers. `hitoban export-llama` writes it as `tokenizer.model` so that llama.cpp's unmodified
-`convert_hf_to_gguf.py` reads the export right too.
+The tokenizer's SentencePiece model and the Llama weight names come from `llama_format.py`, shared with the Llama
+export.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 from pathlib import Path
 
@@ -36,16 +33,15 @@ import torch
 
 from hitoban.errors import CheckFailed, InputError, OutputExistsError, UsageError
 
-# Held-out-like text for the tokenizer self-check: kana, kanji, full-width punctuation, ASCII with runs of spaces,
-# newlines, an emoji and a rare character (byte fallback).
-TOKENIZER_CHECK_TEXTS = (
-    "吾輩は猫である。名前はまだ無い。どこで生れたかとんと見当がつかぬ。",
-    "「おはよう！」と彼は言った。  Hello,  world.\n\n次の行　全角スペース？",
-    "東京都 2026年12月1日 🍣🐈 𠮷野家 ｶﾀｶﾅ ＡＢＣ",
+from .llama_format import (
+    BYTE_PIECE,
+    TOKENIZER_CHECK_TEXTS,
+    llama_cpp_chat_template,
+    llama_state_dict,
+    sentencepiece_model,
+    tokenizer_json,
 )
-# A `{% generation %}` block is transformers-only Jinja (assistant masks); llama.cpp's Jinja does not parse it.
-_GENERATION_TAGS = re.compile(r"\{%-?\s*(end)?generation\s*-?%\}")
-_BYTE_PIECE = re.compile(r"<0x[0-9A-F]{2}>")
+
 OUTTYPES = ("f32", "f16", "q8_0")
 # `--verify`: greedy tokens that must match transformers' per weight type (rounding moves later argmaxes)
 GREEDY_TOKENS_EQUAL = {"f32": 20, "f16": 10, "q8_0": 5}
@@ -60,63 +56,6 @@ def _require(module: str, extra: str, what: str):
         return importlib.import_module(module)
     except ImportError as err:
         raise UsageError(f"{what} needs {module}: pip install 'hitoban[{extra}]'") from err
-
-
-def _tokenizer_json(folder: Path) -> dict:
-    path = folder / "tokenizer.json"
-    if not path.is_file():
-        raise InputError(f"{folder} has no tokenizer.json; export a folder that hitoban wrote (final/, sft, tone)")
-    data = json.loads(path.read_text(encoding="utf-8"))
-    model = data.get("model", {})
-    normalizer = data.get("normalizer") or {}
-    if (model.get("type") != "Unigram" or not model.get("byte_fallback") or data.get("pre_tokenizer") is not None
-            or normalizer.get("type") != "Replace" or normalizer.get("content") != "▁"):
-        raise InputError(f"{path}: not a hitoban tokenizer (a Unigram with byte fallback, spaces as '▁', no "
-                         "pre-tokenizer); llama.cpp's SentencePiece vocabulary cannot express it")
-    return data
-
-
-def sentencepiece_model(folder: str | os.PathLike, check_texts=TOKENIZER_CHECK_TEXTS) -> bytes:
-    """A serialized SentencePiece ModelProto equal to the folder's `tokenizer.json`, checked id for id."""
-    from sentencepiece import SentencePieceProcessor
-    from sentencepiece import sentencepiece_model_pb2 as sp_pb2  # needs protobuf
-    from tokenizers import Tokenizer
-
-    folder = Path(folder)
-    data = _tokenizer_json(folder)
-    vocab, unk_id = data["model"]["vocab"], data["model"]["unk_id"]
-    control = {t["id"] for t in data.get("added_tokens", []) if t.get("special")} - {unk_id}
-    proto = sp_pb2.ModelProto()
-    for index, (piece, score) in enumerate(vocab):
-        entry = proto.pieces.add(piece=piece, score=score)
-        if index == unk_id:
-            entry.type = sp_pb2.ModelProto.SentencePiece.UNKNOWN
-        elif index in control:
-            entry.type = sp_pb2.ModelProto.SentencePiece.CONTROL
-        elif _BYTE_PIECE.fullmatch(piece):
-            entry.type = sp_pb2.ModelProto.SentencePiece.BYTE
-    trainer = proto.trainer_spec
-    trainer.model_type = sp_pb2.TrainerSpec.UNIGRAM
-    trainer.vocab_size, trainer.byte_fallback = len(vocab), True
-    trainer.unk_id, trainer.bos_id, trainer.eos_id, trainer.pad_id = unk_id, -1, -1, -1
-    trainer.unk_piece = vocab[unk_id][0]
-    normalizer = proto.normalizer_spec
-    normalizer.name, normalizer.add_dummy_prefix = "identity", False
-    normalizer.remove_extra_whitespaces, normalizer.escape_whitespaces = False, True
-    serialized = proto.SerializeToString()
-
-    ours, theirs = SentencePieceProcessor(model_proto=serialized), Tokenizer.from_file(str(folder / "tokenizer.json"))
-    for text in check_texts:
-        expected = theirs.encode(text, add_special_tokens=False).ids
-        if ours.encode(text) != expected:
-            raise CheckFailed(f"the SentencePiece model does not tokenize {text[:20]!r} as tokenizer.json does; "
-                              "nothing was written")
-    return serialized
-
-
-def llama_cpp_chat_template(template: str) -> str:
-    """The chat template without transformers' `{% generation %}` markers (llama.cpp's Jinja rejects them)."""
-    return _GENERATION_TAGS.sub("", template)
 
 
 def _chat_template(folder: Path) -> str | None:
@@ -193,7 +132,6 @@ def _add_tensors(writer, model, outtype: str) -> int:
     """The Llama export's weights under llama.cpp's names, q/k rows permuted; returns how many were added."""
     import gguf
 
-    from .export_llama import llama_state_dict
 
     config = model.config
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
@@ -299,8 +237,8 @@ def compare_with_llama_cpp(gguf_path: str | os.PathLike, model_dir: str | os.Pat
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     model = HitobanForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    vocab = _tokenizer_json(Path(model_dir))["model"]
-    byte_ids = {i for i, (piece, _) in enumerate(vocab["vocab"]) if _BYTE_PIECE.fullmatch(piece)}
+    vocab = tokenizer_json(Path(model_dir))["model"]
+    byte_ids = {i for i, (piece, _) in enumerate(vocab["vocab"]) if BYTE_PIECE.fullmatch(piece)}
     llm = Llama(model_path=str(gguf_path), n_ctx=model.config.max_position_embeddings, n_threads=os.cpu_count(),
                 logits_all=True, type_k=0, type_v=0, verbose=False)  # f32 KV cache (GGML_TYPE_F32), not f16
     try:

@@ -20,7 +20,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from hitoban.errors import CheckFailed, OutputExistsError
 
 from .configuration_hitoban import HitobanConfig
-from .export_gguf import llama_cpp_chat_template, sentencepiece_model
+from .llama_format import llama_cpp_chat_template, llama_state_dict, sentencepiece_model
 from .loading import TOKENIZER_FILES
 from .modeling_hitoban import HitobanForCausalLM
 
@@ -44,25 +44,6 @@ def llama_config(config: HitobanConfig) -> LlamaConfig:
         eos_token_id=config.eos_token_id,
         pad_token_id=config.pad_token_id,
     )
-
-
-def llama_state_dict(model: HitobanForCausalLM) -> dict[str, torch.Tensor]:
-    """Rename/split hitoban weights into Llama names (lm_head only when untied)."""
-    out = {}
-    for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight" and model.config.tie_word_embeddings:
-            continue
-        if name.endswith("self_attn.qkv_proj.weight"):
-            prefix = name[: -len("qkv_proj.weight")]
-            for part, chunk in zip(("q_proj", "k_proj", "v_proj"), tensor.chunk(3, dim=0)):
-                out[f"{prefix}{part}.weight"] = chunk.clone()
-        elif name.endswith("mlp.gate_up_proj.weight"):
-            prefix = name[: -len("gate_up_proj.weight")]
-            gate, up = tensor.chunk(2, dim=0)
-            out[f"{prefix}gate_proj.weight"], out[f"{prefix}up_proj.weight"] = gate.clone(), up.clone()
-        else:
-            out[name] = tensor.clone()
-    return out
 
 
 def to_llama(model: HitobanForCausalLM) -> LlamaForCausalLM:

@@ -70,7 +70,7 @@ TRANSFORMERS_MARKERS = ("accelerate_tests", "flash_attn_test", "flash_attn_3_tes
 
 
 def pytest_configure(config):
-    """The markers transformers' own test files (tests/test_transformers_common.py) put on their tests."""
+    """The markers transformers' own test files (tests/modeling/test_transformers_common.py) put on their tests."""
     for name in TRANSFORMERS_MARKERS:
         config.addinivalue_line("markers", f"{name}: used by transformers' common model tests")
 
@@ -117,7 +117,7 @@ def literature_texts(corpus) -> list[str]:
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory, literature_texts) -> Path:
     """A 4,000-piece tokenizer trained on ~1M chars of real literature (about 10 s)."""
-    from hitoban.training.tokenizer import train_tokenizer_from_texts
+    from hitoban.training.data.tokenizer import train_tokenizer_from_texts
 
     out = tmp_path_factory.mktemp("tok") / "tokenizer"
     train_tokenizer_from_texts(literature_texts[:40], out, vocab_size=4000, max_chars=1_000_000,
@@ -159,10 +159,10 @@ def tiny_model_dir(tmp_path_factory, tokenizer_dir):
 @pytest.fixture(scope="session")
 def tiny_shards(tmp_path_factory, corpus) -> Path:
     """Real shards: 30 Aozora works (<= 60k chars each), 4,000-piece tokenizer, 3 train shards, val and test."""
-    from hitoban.training.corpus import build_corpus, local_source
-    from hitoban.training.filters import FilterSettings
-    from hitoban.training.shards import build_shards
-    from hitoban.training.tokenizer import train_tokenizer_from_corpus
+    from hitoban.training.data.corpus import build_corpus, local_source
+    from hitoban.training.data.filters import FilterSettings
+    from hitoban.training.data.shards import build_shards
+    from hitoban.training.data.tokenizer import train_tokenizer_from_corpus
 
     root = tmp_path_factory.mktemp("shards")
     works = [str(p) for p in sorted((corpus / "literature").glob("0*.txt"))[:30]]
@@ -174,10 +174,23 @@ def tiny_shards(tmp_path_factory, corpus) -> Path:
     return root / "shards"
 
 
+EXACT = dict(precision="no", compile="off")  # fp32 and eager on every machine: the same bits on both CPU kinds
+TINY_NIGHT = dict(preset="tiny", context=64, batch_size=8, log_every=5, eval_every=10, eval_batches=2, progress=False,
+                  cpu=True, save_every_min=60, steps=20)
+
+
+def night_config(data, out, **overrides):
+    """The tests' one tiny night: `hitoban pretrain`'s options for a 20-step `tiny` run on the CPU."""
+    from hitoban.training.pretrain.options import PretrainConfig
+
+    return PretrainConfig(data=str(data), out=str(out), **{**TINY_NIGHT, **overrides})
+
+
 @pytest.fixture(scope="session")
 def pretrained(tiny_shards, tmp_path_factory) -> Path:
     """A tiny model pretrained for 60 steps on real shards: RUN/final with tokenizer and chat template."""
-    from hitoban.training.pretrain import PretrainConfig, pretrain
+    from hitoban.training.pretrain.options import PretrainConfig
+    from hitoban.training.pretrain.trainer import pretrain
 
     run = tmp_path_factory.mktemp("pre") / "run"
     pretrain(PretrainConfig(data=str(tiny_shards), out=str(run), preset="tiny", context=128, steps=60, batch_size=8,

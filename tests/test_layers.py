@@ -1,5 +1,6 @@
 """Imports run one way: the README's "Where things are" table is the contract, and this test reads every import in
-the tree against it, so a wrong arrow fails with its file and line."""
+the tree against it, so a wrong arrow fails with its file and line; and no module reaches itself again through its
+imports (an import circle fails with its modules)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,24 @@ from pathlib import Path
 
 from conftest import REPO
 
-# README names -> module prefixes
+# README names -> module prefixes ("training root": each top-level module of training/, not its rooms)
 NAMES = {"modeling": "hitoban.modeling", "training": "hitoban.training", "evaluation": "hitoban.evaluation",
-         "release": "hitoban.release", "hitoban.errors": "hitoban.errors", "hitoban.provenance": "hitoban.provenance"}
+         "release": "hitoban.release", "hitoban.errors": "hitoban.errors", "hitoban.provenance": "hitoban.provenance",
+         "training.data": "hitoban.training.data", "training.pretrain": "hitoban.training.pretrain",
+         "training.finetune": "hitoban.training.finetune", "training root": None}
 AREAS = {"modeling", "training", "evaluation", "release"}  # folders setup.py installs as hitoban.<name>
 
 
+def prefixes(names: set[str], root: Path) -> set[str]:
+    """The module prefixes a row's names allow, in the tree at `root`."""
+    found = {NAMES[n] for n in names if NAMES[n]}
+    if "training root" in names:
+        found |= {f"hitoban.training.{p.stem}" for p in (root / "training").glob("*.py") if p.stem != "__init__"}
+    return found
+
+
 def read_rules(readme: str) -> list[tuple[list[str], set[str] | None]]:
-    """(paths, allowed module prefixes or None for anything) per table row, in the table's order."""
+    """(paths, allowed README names or None for anything) per table row, in the table's order."""
     section = readme.split("## Where things are", 1)[1].split("\n## ", 1)[0]
     rules = []
     for line in section.splitlines():
@@ -32,7 +43,7 @@ def read_rules(readme: str) -> list[tuple[list[str], set[str] | None]]:
         else:
             unknown = [n for n in names if n not in NAMES]
             assert not unknown, f"README table names {unknown}: not a layer this test knows"
-            rules.append((paths, {NAMES[n] for n in names}))
+            rules.append((paths, set(names)))
     return rules
 
 
@@ -74,7 +85,8 @@ def imports(root: Path, path: Path) -> list[tuple[int, str]]:
 def violations(root: Path, rules) -> list[str]:
     """Every import a file's row does not allow, as 'path:line imports X; FOLDER may import only ...'."""
     problems, claimed = [], set()
-    for paths, allowed in rules:
+    for paths, names in rules:
+        allowed = None if names is None else prefixes(names, root)
         files = []
         for spec in paths:
             target = root / spec.rstrip("/")
@@ -89,11 +101,69 @@ def violations(root: Path, rules) -> list[str]:
     return problems
 
 
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """module -> the hitoban modules it imports (anywhere in the file: a lazy import is an arrow too)."""
+    graph = {}
+    for folder in (*sorted(AREAS), "hitoban"):
+        for path in sorted((root / folder).rglob("*.py")):
+            module = module_name(root, path)
+            graph[module] = {name for _, name in imports(root, path) if name != module}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle: the strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in graph:
+                continue
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_no_module_imports_itself_through_others():
+    assert circles(import_graph(REPO)) == []
+
+
+def test_an_import_circle_is_found_with_its_modules(tmp_path):
+    """Negative control: a lazy import back from b to a closes a circle a -> b -> a; c -> a beside it does not."""
+    for folder in ("modeling", "training", "evaluation", "release", "hitoban"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "training" / "a.py").write_text("from hitoban.training.b import x\n")
+    (tmp_path / "training" / "b.py").write_text("def x():\n    from hitoban.training import a\n")
+    (tmp_path / "training" / "c.py").write_text("from hitoban.training.a import x\n")
+    assert circles(import_graph(tmp_path)) == [["hitoban.training.a", "hitoban.training.b"]]
+
+
 def test_every_import_follows_the_readme_table():
     rules = read_rules((REPO / "README.md").read_text(encoding="utf-8"))
     assert len(rules) >= 6
     covered = {p for paths, _ in rules for p in paths}
-    for folder in ("modeling/", "training/", "evaluation/", "release/", "hitoban/", "spaces/"):
+    for folder in ("modeling/", "training/data/", "training/pretrain/", "training/finetune/", "training/",
+                   "evaluation/", "release/", "hitoban/", "spaces/"):
         assert any(p == folder or p.startswith(folder) for p in covered), f"the README table has no row for {folder}"
     assert violations(REPO, rules) == []
 

@@ -3,7 +3,7 @@
 Each fenced block in the README is preceded by `<!-- test: TAG -->`:
   ci       run here, in README order, in one work folder, with the sizes shrunk by SMALLER (paths point at
            the test corpus and the built-in data);
-  install  what .ci/run itself does (install, pytest); `hitoban demo` is run by tests/test_demo.py (--quick);
+  install  what .ci/run itself does (install, pytest); `hitoban demo` is run by tests/hitoban/test_demo.py (--quick);
   network  needs the Hugging Face Hub (and a login to upload): marked `network`, run where it is reachable;
   gpu      needs several CUDA GPUs: run only where they exist;
   llama-cpp needs llama.cpp's Python binding (`pip install "hitoban[llama]"`, a compile): run where it is installed.
@@ -153,7 +153,7 @@ def test_every_code_block_is_tagged_and_every_substitution_applies():
     assert not unused, f"README no longer contains {unused}: update SMALLER"
     install = "".join(code for tag, _, code in BLOCKS if tag == "install")
     ci_script = (REPO / ".ci" / "run").read_text()
-    assert "hitoban demo" in install  # run by tests/test_demo.py with --quick
+    assert "hitoban demo" in install  # run by tests/hitoban/test_demo.py with --quick
     assert "pip install torch==2.13.0" in ci_script and 'pip install -e ".[dev]"' in ci_script
     assert "python -m pytest -q" in install and "python -m pytest -q" in ci_script
 
@@ -198,7 +198,7 @@ def test_every_ci_command_in_the_readme_runs(tmp_path, monkeypatch, large_corpus
 @pytest.mark.slow
 def test_llama_cpp_commands_in_the_readme(tmp_path, pretrained, monkeypatch):
     """The GGUF blocks that need llama.cpp, on a pretrained model standing in for runs/sft; llama.cpp's converter
-    comes from llama-cpp-python's source archive (tests/test_gguf.py fetches it)."""
+    comes from llama-cpp-python's source archive (tests/modeling/test_gguf.py fetches it)."""
     pytest.importorskip("llama_cpp", reason="llama.cpp runs only where pip install 'hitoban[llama]' was done")
     from test_gguf import _convert_script
 
@@ -221,7 +221,7 @@ def test_llama_cpp_commands_in_the_readme(tmp_path, pretrained, monkeypatch):
 @pytest.mark.network
 def test_network_commands_in_the_readme(tmp_path):
     """The Hub-streamed corpus (no login needed). The upload blocks need a trained model and a login; the same
-    upload path runs against the real Hub in tests/test_release.py::test_real_hub_upload_round_trip."""
+    upload path runs against the real Hub in tests/release/test_release.py::test_real_hub_upload_round_trip."""
     env = shell_env(HF_HUB_OFFLINE="0")
     corpus_block = next(code for tag, _, code in BLOCKS if tag == "network" and "hitoban corpus" in code)
     run_block("bash", corpus_block.replace("1.2e9", "2e5"), tmp_path, env)

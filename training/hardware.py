@@ -8,6 +8,8 @@ without them bf16 is emulated and ~4x slower. So bf16 is the default only where 
 from __future__ import annotations
 
 import dataclasses
+import os
+import platform
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,12 +154,17 @@ def published_peak(name: str, precision: str) -> float | None:
     return next((table[key] for key in sorted(table, key=len, reverse=True) if key in name), None)
 
 
+def parameter_count(config) -> int:
+    """The model's parameters from its config alone (before it is built): the tied embedding once, and per layer
+    the four attention projections and SwiGLU's three (norm weights, a few thousand, left out)."""
+    width = config.hidden_size
+    return config.vocab_size * width + config.num_hidden_layers * (4 * width**2 + 3 * width * config.intermediate_size)
+
+
 def flops_per_token(config, context: int) -> float:
     """Training FLOPs per token: 6 per parameter (forward + backward; the tied embedding counts once, as the output
     projection) plus attention's 12 x layers x width x context (nanoGPT / PaLM's estimate)."""
-    width, layers = config.hidden_size, config.num_hidden_layers
-    params = config.vocab_size * width + layers * (4 * width**2 + 3 * width * config.intermediate_size)
-    return 6 * params + 12 * layers * width * context
+    return 6 * parameter_count(config) + 12 * config.num_hidden_layers * config.hidden_size * context
 
 
 def synchronize(device: torch.device) -> None:
@@ -284,3 +291,15 @@ def choose_compile(option: str, facts: DeviceFacts, run_seconds: float, measure_
     verdict = "saves" if saved > 0 else "would cost"
     return saved > 0, (f"auto: measured {speedup:.2f}x per step after {gain['compile_s']:.0f} s of compiling, so it "
                        f"{verdict} ~{abs(saved) / 60:.0f} min over this ~{run_seconds / 60:.0f}-min run")
+
+
+def hardware_description(device: torch.device, processes: int, precision: str) -> str:
+    """What a run trained on, in words, for the model card (e.g. '1 x NVIDIA H200, precision bf16')."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    elif device.type == "mps":
+        name = f"Apple silicon GPU (MPS, {platform.machine()})"
+    else:
+        name = f"CPU ({cpu_model() or platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    return f"{processes} x {name}, precision {precision}"
+

@@ -188,7 +188,7 @@ def import_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, fmt: str |
         staged = Path(tmp) / "model"
         model.save_pretrained(staged)
         if spm_model is not None:
-            from .tokenizer import tokenizers_from_sentencepiece, wrap_for_transformers
+            from hitoban.training.data.tokenizer import tokenizers_from_sentencepiece, wrap_for_transformers
 
             tok = tokenizers_from_sentencepiece(spm_model.read_bytes())
             wrap_for_transformers(tok, config.max_position_embeddings).save_pretrained(staged)

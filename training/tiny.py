@@ -1,19 +1,19 @@
 """A tiny model trained in memory in seconds: `hitoban doctor`'s smoke test and the PII probe's canary models.
 
-Both run the night's own step (`loop.train_step` through Accelerate, as `hitoban calibrate` does) on windows drawn
-from one token stream as a pure function of (seed, step), with a short warmup and a cosine decay.
+Both run the night's own step (`training/step.py` through Accelerate, as `hitoban calibrate` does) on windows drawn
+from one token stream as a pure function of (seed, step), on the night's schedule: a short warmup, then a cosine
+decay to zero.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
-from hitoban.training.loop import reset_accelerate_state, train_step
+from hitoban.training.schedule import Schedule
+from hitoban.training.step import reset_accelerate_state, train_step
 
 
 def token_stream(tokenizer, documents: list[str]) -> np.ndarray:
@@ -45,11 +45,12 @@ def train_tiny(stream: np.ndarray, vocab_size: int, steps: int, seed: int, conte
     reset_accelerate_state(cpu=True)
     accelerator = Accelerator(cpu=True)
     model, optimizer = accelerator.prepare(model, optimizer)
+    schedule = Schedule(lr, steps, "cosine", warmup_frac=0.0, min_ratio=0.0, min_warmup=warmup)
     losses = []
     try:
         for step in tqdm(range(steps), desc=desc, disable=None):
             for group in optimizer.param_groups:
-                group["lr"] = lr * min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * step / steps))
+                group["lr"] = schedule.lr(step)
             loss, _ = train_step(model, optimizer, accelerator, windows(stream, seed, step, batch, context), 1, 1.0)
             losses.append(loss.item())
     finally:

@@ -39,8 +39,8 @@ def _corpus_args(p):
 @verb("corpus", "build a filtered, PII-masked, licence-tracked corpus from local files or pinned Hub datasets")(
     _corpus_args)
 def _corpus(args) -> int:
-    from hitoban.training.corpus import build_corpus, hub_source, local_source
-    from hitoban.training.filters import FilterSettings
+    from hitoban.training.data.corpus import build_corpus, hub_source, local_source
+    from hitoban.training.data.filters import FilterSettings
 
     sources = [hub_source(name) for name in args.source]
     if args.input:
@@ -72,7 +72,7 @@ def _tokenizer_args(p):
 @verb("tokenizer", "train a Unigram tokenizer (SentencePiece trainer, tokenizers runtime) with a chat template")(
     _tokenizer_args)
 def _tokenizer(args) -> int:
-    from hitoban.training.tokenizer import train_tokenizer_from_corpus
+    from hitoban.training.data.tokenizer import train_tokenizer_from_corpus
 
     meta = train_tokenizer_from_corpus(args.corpus, args.out, args.vocab_size, int(args.max_chars),
                                        parse_pairs(args.source_cap, int), args.seed, args.context)
@@ -96,7 +96,7 @@ def _shards_args(p):
 
 @verb("shards", "tokenize a corpus into verified zxell-format shards, or --verify a shard folder")(_shards_args)
 def _shards(args) -> int:
-    from hitoban.training.shards import build_shards, verify_shards
+    from hitoban.training.data.shards import build_shards, verify_shards
 
     if args.verify:
         result = verify_shards(args.verify, args.tokenizer, full=True, progress=True)

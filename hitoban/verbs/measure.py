@@ -10,15 +10,10 @@ from hitoban.verbs import parse_pairs, verb
 
 
 def _eval_args(p):
-    p.add_argument("kind", choices=["bpc", "gen"],
-                   help="bpc: bits per character (3LM's definition); gen: 3LM generation metrics on fixed questions")
-    p.add_argument("models", nargs="+", metavar="MODEL", help="from_pretrained folders (with tokenizer)")
-    p.add_argument("--domain", action="append", default=[], metavar="NAME=PATH", help="a text file per domain")
-    p.add_argument("--shards", help="also report per-domain bits/char on this shard set's val split")
-    p.add_argument("--max-chars", type=int, default=400_000, help="use the first N chars of each domain (0 = all)")
-    p.add_argument("--questions", help="gen: questions JSONL (id, category, turns, keywords)")
-    p.add_argument("--compare", metavar="PREVIOUS.json", help="gen: print deltas against an earlier result")
-    p.add_argument("--out", help="JSON result (default bpc.json / gen.json); bpc also writes .md and .png beside it")
+    from hitoban.evaluation.options import EvalOptions
+    from hitoban.training.options import add_options
+
+    add_options(p, EvalOptions)
 
 
 @verb("eval", "evaluate models: cross-domain bits/char table (JSON + Markdown + PNG)")(_eval_args)
@@ -140,7 +135,7 @@ def _pii(args) -> int:
               f"{'SENSITIVE' if report['sensitive'] else 'NOT shown sensitive'}: planted canaries extracted "
               f"{report['planted_model']['exact_total']}, clean model {report['clean_model']['exact_total']}"
               + (f" ({report['reason']})" if report.get("reason") else ""))
-        return 0 if report["sensitive"] else 1
+        return 0 if report["sensitive"] else int(ExitCode.CHECK_FAILED)
     if not args.model:
         raise UsageError("give MODEL to attack (or --canaries N for the sensitivity control)")
     out = Path(args.out or "pii.json")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hitoban.errors import ExitCode
 from hitoban.verbs import print_json, verb
 
 
@@ -67,4 +68,4 @@ def _kvcache(args) -> int:
     verdict = "PASS" if result["passed"] else "FAIL"
     print(f"kv-cache check {verdict}: max |diff| {result['max_abs_diff']:.3e}, mean {result['mean_abs_diff']:.3e} "
           f"over {result['positions_checked']} positions (limit {args.atol:g})")
-    return 0 if result["passed"] else 1
+    return 0 if result["passed"] else int(ExitCode.CHECK_FAILED)

@@ -9,24 +9,23 @@ from hitoban.verbs import verb
 
 
 def _pretrain_args(p):
-    from hitoban.training.options import PretrainConfig, add_options
+    from hitoban.training.options import add_options
+    from hitoban.training.pretrain.options import PretrainConfig, SuperviseOptions
 
     add_options(p, PretrainConfig)
-    p.add_argument("--supervise", action="store_true",
-                   help="relaunch after a crash while the saved step advances; keep the machine awake")
-    p.add_argument("--max-restarts", type=int, default=40, help="--supervise: give up after this many relaunches")
+    add_options(p, SuperviseOptions)
 
 
 @verb("pretrain", "pretrain on shards with crash-safe A/B checkpoints and exact resume (Accelerate)")(_pretrain_args)
 def _pretrain(args) -> int:
-    from hitoban.training.options import PretrainConfig, from_args
-    from hitoban.training.pretrain import pretrain
+    from hitoban.training.options import from_args
+    from hitoban.training.pretrain.options import PretrainConfig
+    from hitoban.training.pretrain.trainer import pretrain
 
     if args.supervise:
-        from hitoban.training.supervise import supervise
+        from hitoban.training.pretrain.supervise import supervise
 
-        argv = [a for a in args.argv if a != "--supervise"]
-        return supervise(argv, Path(args.out), args.max_restarts)
+        return supervise(args.argv, Path(args.out), args.max_restarts)
     cfg = from_args(PretrainConfig, args)
     try:
         pretrain(cfg)
@@ -39,29 +38,27 @@ def _pretrain(args) -> int:
 
 
 def _killtest_args(p):
-    from hitoban.training.options import TrainingOptions, add_options
+    from hitoban.training.options import add_options
+    from hitoban.training.pretrain.options import KillTestOptions
 
-    add_options(p, TrainingOptions)
-    p.add_argument("--work", default="hitoban-killtest", help="scratch folder; killtest.json and .png land here")
-    p.add_argument("--steps", type=int, default=60, help="length of each run (the night's other options are kept)")
-    p.add_argument("--kills", type=int, default=2, help="SIGKILLs (the first lands inside a checkpoint save)")
-    p.add_argument("--eval-every", type=int, help="validation every N steps (default: at the end only)")
+    add_options(p, KillTestOptions)
 
 
 @verb("killtest", "SIGKILL a real run of the night's configuration twice (once mid-save), resume, compare with an "
                   "uninterrupted run")(_killtest_args)
 def _killtest(args) -> int:
     from hitoban.evaluation.plots import plot_killtest
-    from hitoban.training.killtest import run_killtest
-    from hitoban.training.options import TrainingOptions, from_args, to_argv
+    from hitoban.training.options import argv_for, from_args, to_argv
+    from hitoban.training.pretrain.killtest import run_killtest
+    from hitoban.training.pretrain.options import KillTestOptions, PretrainConfig, TrainingOptions
 
-    options = to_argv(from_args(TrainingOptions, args))
-    options += ["--eval-every", str(args.eval_every)] if args.eval_every else []
-    result = run_killtest(args.data, args.work, options, steps=args.steps, kills=args.kills)
-    plot_killtest(result, Path(args.work) / "killtest.png")
+    options = from_args(KillTestOptions, args)
+    night = to_argv(options, TrainingOptions) + argv_for(PretrainConfig, eval_every=options.eval_every)
+    result = run_killtest(options.data, options.work, night, steps=options.steps, kills=options.kills)
+    plot_killtest(result, Path(options.work) / "killtest.png")
     failed = [name for name, ok in result["checks"].items() if not ok]
     print(f"kill test {'PASSED' if result['passed'] else 'FAILED: ' + ', '.join(failed)} ({result['mode']}, "
-          f"{result['seconds']} s) -> {args.work}/killtest.json, killtest.png")
+          f"{result['seconds']} s) -> {options.work}/killtest.json, killtest.png")
     return 0 if result["passed"] else int(ExitCode.CHECK_FAILED)
 
 
@@ -73,37 +70,28 @@ def _watch_args(p):
 
 @verb("watch", "show a run's progress, ETA and health from its heartbeat")(_watch_args)
 def _watch(args) -> int:
-    from hitoban.training.watch import watch
+    from hitoban.training.pretrain.watch import watch
 
     watch(args.run, args.interval, args.once)
     return 0
 
 
 def _calibrate_args(p):
-    from hitoban.training.options import TrainingOptions, add_options
+    from hitoban.training.options import add_options
+    from hitoban.training.pretrain.options import CalibrateOptions
 
-    add_options(p, TrainingOptions, only=("data", "context", "precision", "cpu"), optional=("data",))
-    p.add_argument("--hours", type=float, default=8.0, help="length of the night")
-    p.add_argument("--candidate", action="append", metavar="PRESET:BATCH",
-                   help="repeatable; default: tiny:8 small:16 3lm:24 3lm:32 3lm:48 zxell-s:16")
-    p.add_argument("--vocab-size", type=int, default=32000, help="vocabulary without --data (with it: the shards')")
-    p.add_argument("--steps", type=int, default=10,
-                   help="timed steps per candidate at least (after --warmup); more, up to a minute, until the "
-                        "timings settle within 10%%")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (allocation, kernel selection)")
-    p.add_argument("--compile", choices=["on", "off"], default="off",
-                   help="measure the compiled step (compile time excluded, as --hours does)")
-    p.add_argument("--out", help="also write the table as JSON")
+    add_options(p, CalibrateOptions)
 
 
 @verb("calibrate", "measure tok/s per model/batch and pick the run closest to D/N = 20 for the night")(
     _calibrate_args)
 def _calibrate(args) -> int:
-    from hitoban.training.calibrate import DEFAULT_CANDIDATES, calibrate
+    from hitoban.training.options import from_args
+    from hitoban.training.pretrain.calibrate import calibrate
+    from hitoban.training.pretrain.options import CalibrateOptions
 
     print(f"{'candidate':<16}{'params':>8}{'non-emb':>9}{'tok/s':>17}{'memory':>10}{'tokens':>22}{'D/N':>11}")
-    result = calibrate(args.candidate or DEFAULT_CANDIDATES, args.hours, args.data, args.vocab_size, args.context,
-                       args.steps, args.warmup, args.cpu, args.precision, args.compile, out=args.out)
+    result = calibrate(from_args(CalibrateOptions, args))
     print(f"selected {result['selected']} (D/N closest to 20): {result['sureness']}; run:\n  {result['command']}")
     return 0
 

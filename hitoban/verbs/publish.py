@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from hitoban.errors import ExitCode
 from hitoban.verbs import print_json, verb
 
 
@@ -28,7 +29,7 @@ def _secrets(args) -> int:
     if findings:
         print(f"{len(findings)} finding(s). Revoke any real key first (rewriting history does not un-leak it), "
               "then remove it from the files and, with --git findings, from the history.")
-        return 1
+        return int(ExitCode.CHECK_FAILED)
     print(f"no secrets found in {report.scanned} file(s) of {args.dir}{' and its git history' if args.git else ''}")
     return 0
 
@@ -69,7 +70,7 @@ def _run_publish(verb_name: str, publish) -> int:
         result = publish()
     except UploadRefused as err:
         print(f"hitoban {verb_name}: {err}", file=sys.stderr)
-        return 1
+        return int(ExitCode.CHECK_FAILED)
     print_json(result)
     return 0
 

@@ -1,0 +1,156 @@
+"""The install check (`doctor`), the KV-cache check with its negative control, and the CLI surface."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from hitoban.cli import VERBS, main
+from hitoban.doctor import run_doctor
+from hitoban.evaluation.kvcache import check_kvcache
+
+
+def test_kvcache_check_passes_on_the_real_cache():
+    result = check_kvcache()
+    assert result["passed"] and result["max_abs_diff"] <= 1e-5 and result["positions_checked"] == 13
+
+
+def test_kvcache_check_fails_when_the_rope_offset_is_broken():
+    result = check_kvcache(break_rope_offset=True)
+    assert not result["passed"] and result["max_abs_diff"] > 1e-2
+
+
+def test_kvcache_cli_exit_codes(capsys):
+    assert main(["check-kvcache"]) == 0
+    assert "PASS" in capsys.readouterr().out
+    assert main(["check-kvcache", "--break-rope-offset"]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_kvcache_check_on_a_saved_model(tiny_model_dir, capsys):
+    assert main(["check-kvcache", "--model", str(tiny_model_dir)]) == 0
+
+
+def test_doctor_trains_generates_saves_and_reloads(tmp_path):
+    report = run_doctor(tmp_path, steps=120, log=lambda *_: None)
+    assert report["loss_last"] < report["loss_first"] - 1.0
+    assert report["reload_max_abs_diff"] == 0.0 and report["reload_same_generation"]
+    assert report["generation"].startswith("夜の研究室は")
+    assert json.loads((tmp_path / "doctor.json").read_text())["steps"] == 120
+    assert (tmp_path / "model" / "model.safetensors").exists() and (tmp_path / "model" / "tokenizer.json").exists()
+
+
+def test_doctor_fails_loudly_when_training_cannot_learn(tmp_path):
+    with pytest.raises(RuntimeError, match="loss did not fall"):
+        run_doctor(tmp_path, steps=1, log=lambda *_: None)
+
+
+@pytest.mark.slow
+def test_the_device_check_runs_the_night_on_this_device_and_fails_on_a_planted_fault(tmp_path, capsys):
+    from hitoban.device_check import run_device_check
+    report = run_device_check(tmp_path / "ok", steps=30, log=lambda *_: None)
+    checks = {c["name"]: c for c in report["checks"]}
+    assert report["passed"] and set(checks) == {"device", "data", "kill and resume", "night in-process",
+                                                "memory estimate", "resume placement", "bits/char", "generation"}
+    assert checks["kill and resume"]["passed"] and "bit-identical" in checks["kill and resume"]["detail"]
+    assert checks["memory estimate"]["passed"] is None  # a CPU has no allocator peak: said, not counted as a pass
+    assert "compile auto" in checks["night in-process"]["detail"]
+    table = (tmp_path / "ok" / "doctor.md").read_text()
+    assert table.count("\n") == len(checks) + 2  # one line per check
+    # the negative control: a resume that drops the optimizer state fails the doctor, through the command line
+    assert main(["doctor", "--out", str(tmp_path / "fault"), "--steps", "30", "--plant-fault",
+                 "drop-optimizer-state"]) == 1
+    failed = {c["name"]: c for c in json.loads((tmp_path / "fault" / "doctor.json").read_text())["checks"]}
+    assert failed["kill and resume"]["passed"] is False and "killed_run_matches" in failed["kill and resume"]["detail"]
+    assert "hitoban doctor failed on cpu: kill and resume" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("verb", sorted(VERBS))
+def test_every_verb_explains_itself(verb, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([verb, "--help"])
+    assert exit_info.value.code == 0
+    assert len(capsys.readouterr().out) > 100
+
+
+def test_console_script_is_installed():
+    """The `hitoban` script pip installed (next to this Python), not `python -m hitoban.cli`."""
+    script = Path(sys.executable).parent / "hitoban"
+    assert script.exists(), f"no console script at {script}: is the package installed (pip install -e .)?"
+    run = subprocess.run([str(script), "--version"], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.startswith("hitoban "), run.stderr[-2000:]
+
+
+@pytest.mark.slow  # builds and installs a wheel (~7-8 s)
+def test_non_editable_install_has_every_area_package_and_the_builtin_text(tmp_path):
+    """pip install . (not -e): package_dir must map modeling/ training/ ... to hitoban.*, with the data files and
+    the Gradio Space."""
+    repo = REPO
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                            str(tmp_path / "wheel"), str(repo)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-2000:]
+    wheel = next((tmp_path / "wheel").glob("hitoban-*.whl"))
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+                              str(tmp_path / "site"), str(wheel)], capture_output=True, text=True)
+    assert install.returncode == 0, install.stderr[-2000:]
+    code = ("import hitoban, hitoban.modeling, hitoban.training.pretrain.trainer, hitoban.evaluation.kvcache;"
+            "import hitoban.release, hitoban.training.data.reader, hitoban.training.finetune.sft;"
+            "from hitoban.training.data.corpus import builtin_documents; assert len(builtin_documents()) > 10;"
+            "from hitoban.demo_data import builtin_chats; assert len(builtin_chats()) >= 50;"
+            "from hitoban.release.upload import space_source; s = space_source();"
+            "assert (s / 'requirements.txt').exists() and str(s).startswith(hitoban.__file__.rsplit('/', 2)[0]);"
+            "print(hitoban.__file__)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env={**__import__("os").environ, "PYTHONPATH": str(tmp_path / "site")})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().startswith(str(tmp_path / "site"))
+
+
+def test_every_option_of_every_verb_explains_itself_with_its_default(capsys):
+    import argparse
+
+    from hitoban.cli import PIPELINE, build_parser
+
+    parser = build_parser()
+    verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert list(verbs) == [name for names in PIPELINE.values() for name in names]  # pipeline order
+    for name, sub in verbs.items():
+        undocumented = [a.dest for a in sub._actions if not a.help]
+        assert not undocumented, f"hitoban {name}: options without help: {undocumented}"
+        with pytest.raises(SystemExit):
+            main([name, "--help"])
+        text = capsys.readouterr().out
+        assert sub.description in " ".join(text.split()) or name in text
+    main_help = build_parser().format_help()
+    positions = [main_help.index(f"\n  {verb} ") for verb in ("corpus", "pretrain", "sft", "upload")]
+    assert positions == sorted(positions)
+    with pytest.raises(SystemExit):
+        main(["pretrain", "--help"])
+    assert "(default: 2e-3 with muon, 3LM's 6e-4 with adamw)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_console_script_help_loads_neither_torch_nor_transformers():
+    """`hitoban --help` answered after 5-8 s of imports; as the console script, the package now loads torch only
+    when a verb needs it."""
+    code = ("import sys; sys.argv = ['hitoban', '--help']\n"
+            "from hitoban.cli import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print('heavy:', sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "verbs, in the order a night goes" in done.stdout and "heavy: []" in done.stdout, done.stderr[-2000:]
+
+
+def test_the_console_script_runs_a_verb_that_loads_a_model(tiny_model_dir):
+    """As the console script the package imports the model lazily; a verb that loads a saved folder through the
+    Auto classes must still find them registered."""
+    code = ("import sys; sys.argv = ['hitoban', 'check-kvcache', '--model', sys.argv[1]]\n"
+            "from hitoban.cli import main\n"
+            "raise SystemExit(main())")
+    done = subprocess.run([sys.executable, "-c", code, str(tiny_model_dir)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "kv-cache check PASS" in done.stdout, done.stderr[-2000:]

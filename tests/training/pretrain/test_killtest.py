@@ -1,0 +1,68 @@
+"""The kill test (training/pretrain/killtest.py): killed-and-resumed equals uninterrupted, the restore check
+can fail, and on a GPU its runs go one at a time (docs/design.md §8)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import night_config
+from safetensors.torch import load_file
+
+from hitoban.training.pretrain.checkpoint import current_slot
+from hitoban.training.pretrain.killtest import run_killtest
+from hitoban.training.pretrain.trainer import pretrain
+
+KILLTEST_OPTIONS = ["--preset", "tiny", "--context", "64", "--batch-size", "8", "--seed", "4242", "--cpu"]
+
+
+@pytest.mark.slow
+def test_killtest_resumed_run_is_bit_identical_and_the_control_fails(tiny_shards, tmp_path):
+    """With the night's own options, here dropout 0.1 (finding 5: the kill test used to ignore them, and a dropout
+    run did not resume exactly, finding 4)."""
+    options = KILLTEST_OPTIONS + ["--dropout", "0.1"]
+    result = run_killtest(tiny_shards, tmp_path / "kt", options, steps=30, log=lambda *_: None)
+    assert result["passed"], result["checks"]
+    assert result["fingerprint"]["dropout"] == 0.1 and result["options"] == options
+    assert result["noise"] == 0.0 and result["killed_bit_identical"] and result["killed_diff"] == 0.0
+    assert result["resumes"] >= 2 and result["loss_step"] == 0.0 and result["loss_compared_steps"]
+    assert result["control_diff"] > 0.0  # negative control: a dropped optimizer state is visible
+    assert result["restore"]["exact"] and result["restore"]["tensors"] > 20
+    from hitoban.evaluation.plots import plot_killtest
+
+    plot_killtest(result, tmp_path / "kt" / "killtest.png")
+    assert (tmp_path / "kt" / "killtest.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_killtest_with_muon_and_wsd(tiny_shards, tmp_path):
+    options = KILLTEST_OPTIONS + ["--optimizer", "muon", "--schedule", "wsd"]
+    result = run_killtest(tiny_shards, tmp_path / "kt", options, steps=30, log=lambda *_: None)
+    assert result["passed"], result["checks"]
+    assert result["killed_bit_identical"] and result["fingerprint"]["optimizer"] == "muon"
+
+
+def test_restore_check_compares_memory_with_a_fresh_reload_and_can_fail(tiny_shards, tmp_path, monkeypatch):
+    """Check [A] used to reload a checkpoint and compare it with the same file. Now the digest is taken from the
+    live objects before the save; a checkpoint that loses anything (here: one optimizer moment) must fail it."""
+    from safetensors.torch import save_file
+
+    from hitoban.training.pretrain.checkpoint import STATE_DIGEST_ENV
+    from hitoban.training.pretrain.killtest import restore_check
+
+    monkeypatch.setenv(STATE_DIGEST_ENV, str(tmp_path))
+    pretrain(night_config(tiny_shards, tmp_path / "run", steps=4, eval_every=100))
+    slot = current_slot(tmp_path / "run")
+    digest = tmp_path / "step-4.json"
+    assert restore_check(slot, digest)["exact"]
+    moments = load_file(str(slot / "optimizer.safetensors"))
+    name = next(k for k in moments if k.endswith(".v"))
+    moments[name] = moments[name] * 1.0001
+    save_file(moments, str(slot / "optimizer.safetensors"))
+    broken = restore_check(slot, digest)
+    assert not broken["exact"] and broken["mismatches"] == [f"optimizer.{name}"]
+
+
+def test_the_kill_test_runs_its_trainings_one_at_a_time_on_a_gpu():
+    from hitoban.training.pretrain.killtest import runs_in_parallel
+
+    assert runs_in_parallel([], "cpu") and not runs_in_parallel([], "cuda") and not runs_in_parallel([], "mps")
+    assert runs_in_parallel(["--cpu"])  # the CPU on any machine

@@ -1,0 +1,22 @@
+"""`hitoban watch` (training/pretrain/watch.py): progress, a stale heartbeat, a finished run."""
+
+from __future__ import annotations
+
+import json
+
+from hitoban.cli import main
+from hitoban.training.pretrain.watch import render
+
+
+def test_watch_renders_progress_stale_and_finished_states(tmp_path):
+    assert "waiting" in render(tmp_path)
+    beat = {"updated_at": 1000.0, "step": 50, "total_steps": 200, "tokens_seen": 5000, "token_budget": 20000,
+            "train_loss": 5.5, "best_val": None, "lr": 3e-4, "tok_per_sec": 1200.0, "elapsed_hours": 0.5,
+            "eta_hours": 1.5, "peak_gb": None, "resumes": 1, "finished": False, "stop_reason": None}
+    (tmp_path / "heartbeat.json").write_text(json.dumps(beat))
+    screen = render(tmp_path, now=1010.0)
+    assert "25.0%" in screen and "not measured yet" in screen and "ETA 1.50 h" in screen and "resumes 1" in screen
+    assert "may have crashed" in render(tmp_path, now=1000.0 + 600)
+    (tmp_path / "heartbeat.json").write_text(json.dumps({**beat, "finished": True, "stop_reason": "budget"}))
+    assert "finished: budget" in render(tmp_path, now=5000.0)
+    assert main(["watch", str(tmp_path), "--once"]) == 0

@@ -1,0 +1,126 @@
+"""The device plan (training/hardware.py): every bf16 and compile choice one pure function of the device's
+facts, tested for GPUs and Macs this CI never sees, and the precision checks with the alternative they name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hitoban.errors import UsageError
+from hitoban.training import hardware
+from hitoban.training.hardware import DeviceFacts, check_precision, choose_compile, plan_device, published_peak
+
+GTX_1050 = DeviceFacts("cuda", "NVIDIA GeForce GTX 1050", (6, 1))
+T4 = DeviceFacts("cuda", "Tesla T4", (7, 5))
+RTX_3060 = DeviceFacts("cuda", "NVIDIA GeForce RTX 3060", (8, 6))
+H100 = DeviceFacts("cuda", "NVIDIA H100 80GB HBM3", (9, 0))
+M1_MACOS_13 = DeviceFacts("mps", "arm64", macos=(13, 6))
+M1_MACOS_14 = DeviceFacts("mps", "arm64", macos=(14, 2))
+CPU_AMX = DeviceFacts("cpu", "Intel Xeon (Sapphire Rapids)", cpu_bf16=True)
+CPU_AVX2 = DeviceFacts("cpu", "AMD Ryzen (Zen 3)", cpu_bf16=False)
+
+
+@pytest.mark.parametrize("facts, precision, native, muon, compiles", [
+    (GTX_1050, "no", False, "float32", False),  # Pascal: no bf16, fp16 at 1/64 rate, Triton refuses 6.1
+    (T4, "fp16", False, "float32", True),  # Turing: fp16 tensor cores; bf16 only emulated
+    (RTX_3060, "bf16", True, "bfloat16", True),
+    (H100, "bf16", True, "bfloat16", True),
+    (M1_MACOS_13, "no", False, "float32", False),
+    (M1_MACOS_14, "no", False, "float32", False),
+    (CPU_AMX, "bf16", True, "bfloat16", True),
+    (CPU_AVX2, "no", False, "float32", True),
+])
+def test_the_device_plan_for_each_kind_of_machine(facts, precision, native, muon, compiles):
+    plan = plan_device(facts)
+    assert (plan.precision, plan.bf16_native, plan.muon_dtype, plan.compile_possible) == (precision, native, muon,
+                                                                                         compiles)
+    assert plan.weights_dtype == muon  # chat and Space decode in bf16 exactly where the hardware has it
+    assert plan.why and json.loads(json.dumps(plan.record()))["why"] == plan.why
+
+
+def test_emulated_bf16_is_refused_on_a_gpu_and_fp16_warned_before_tensor_cores():
+    with pytest.raises(UsageError, match=r"Tesla T4, compute capability 7\.5.*--precision fp16"):
+        check_precision(T4, "bf16")
+    with pytest.raises(UsageError, match=r"--precision no"):
+        check_precision(GTX_1050, "bf16")
+    said: list[str] = []
+    check_precision(GTX_1050, "fp16", warn=said.append)
+    assert "no fp16 tensor cores" in said[0]
+    check_precision(RTX_3060, "bf16", warn=said.append)
+    check_precision(T4, "fp16", warn=said.append)
+    assert len(said) == 1
+    with pytest.raises(UsageError, match="macOS 14"):
+        check_precision(M1_MACOS_13, "bf16")
+    check_precision(M1_MACOS_14, "bf16")
+
+
+def test_compile_auto_follows_the_device():
+    def never():
+        raise AssertionError("measured although the answer was known")
+
+    on, why = choose_compile("auto", GTX_1050, 1e6, never)
+    assert not on and "compute capability 7.0" in why and "6.1" in why
+    assert choose_compile("auto", T4, 10, never)[0] and choose_compile("auto", H100, 10, never)[0]
+    assert not choose_compile("auto", M1_MACOS_14, 1e6, never)[0]
+    assert choose_compile("on", GTX_1050, 10, never)[0]  # asked for explicitly: the user's call
+
+
+def test_the_peak_table_matches_the_longest_name_and_does_not_flatter():
+    assert published_peak("NVIDIA H100 PCIe", "bf16") == 756e12  # not the SXM's 989
+    assert published_peak("NVIDIA H100 80GB HBM3", "bf16") == 989e12
+    assert published_peak("NVIDIA GeForce RTX 3060", "bf16") == 25.6e12  # fp32 accumulation, half the fp16 number
+    assert published_peak("Tesla T4", "fp16") == 65e12 and published_peak("Tesla T4", "bf16") is None
+    assert published_peak("Some Future GPU", "bf16") is None  # measured instead
+
+
+def test_the_cpu_override_forces_the_other_path(monkeypatch):
+    monkeypatch.setenv(hardware.CPU_BF16_ENV, "0")
+    assert hardware.plan_for("cpu").muon_dtype == "float32" and hardware.default_precision("cpu") == "no"
+    monkeypatch.setenv(hardware.CPU_BF16_ENV, "1")
+    assert hardware.plan_for("cpu").muon_dtype == "bfloat16" and hardware.default_precision("cpu") == "bf16"
+
+
+def test_native_bf16_is_detected_from_the_cpu_flags():
+    from hitoban.training.hardware import cpu_has_native_bf16
+
+    zen4 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n"
+    sapphire = "flags\t\t: fpu avx2 avx512f amx_bf16 amx_tile amx_int8\n"
+    epyc_avx2 = "flags\t\t: fpu sse2 avx2 fma\nmodel name\t: AMD EPYC avx512_bf16-free\n"  # flags line decides
+    graviton3 = "Features\t: fp asimd sve bf16 i8mm\n"
+    assert cpu_has_native_bf16(zen4) and cpu_has_native_bf16(sapphire) and cpu_has_native_bf16(graviton3)
+    assert not cpu_has_native_bf16(epyc_avx2) and not cpu_has_native_bf16("")
+
+
+def test_compile_auto_by_hand():
+    cpu, cuda = DeviceFacts("cpu"), DeviceFacts("cuda", "NVIDIA A100", (8, 0))
+
+    def never():
+        raise AssertionError("measured although the answer was known")
+
+    assert choose_compile("on", cpu, 10, never)[0] and not choose_compile("off", cuda, 1e6, never)[0]
+    assert choose_compile("auto", cuda, 10, never)[0]
+    assert not choose_compile("auto", DeviceFacts("mps", macos=(14, 0)), 1e6, never)[0]
+    assert not choose_compile("auto", cpu, 600, never)[0]  # 10 minutes: not worth measuring
+    gain = {"eager_step_s": 1.0, "compiled_step_s": 0.8, "compile_s": 400.0}
+    # 1.25x per step saves 20% of the run: 2 hours -> 1,440 s saved > 400 s of compiling
+    on, why = choose_compile("auto", cpu, 7200, lambda: gain)
+    assert on and "1.25x" in why and "saves ~17 min" in why
+    # 30 minutes -> 360 s saved < 400 s: stays eager, and says why
+    on, why = choose_compile("auto", cpu, 1800, lambda: gain)
+    assert not on and "would cost ~1 min" in why
+
+
+def test_precisions_a_device_cannot_run_are_refused_with_the_alternative(monkeypatch):
+    with pytest.raises(UsageError, match="fp16 needs a GPU"):
+        check_precision("cpu", "fp16")
+    monkeypatch.setattr(torch.backends.mps, "is_macos_or_newer", lambda major, minor: False)
+    with pytest.raises(UsageError, match="macOS 14"):
+        check_precision("mps", "bf16")
+    monkeypatch.setattr("hitoban.training.hardware.cpu_has_native_bf16", lambda: False)
+    said = []
+    check_precision("cpu", "bf16", warn=said.append)
+    assert "emulated" in said[0]
+    check_precision("cpu", "no", warn=said.append)
+    assert len(said) == 1

@@ -1,0 +1,42 @@
+"""Options defined once (training/options.py): the command line from the dataclass, and the kill test's
+runs given the night's exact options back."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from hitoban.training.options import add_options, from_args, to_argv
+from hitoban.training.pretrain.options import PretrainConfig, TrainingOptions
+
+
+def test_the_command_line_is_built_from_the_dataclass_defaults_and_all():
+    parser = argparse.ArgumentParser()
+    add_options(parser, PretrainConfig)
+    args = parser.parse_args(["--data", "d", "--out", "o", "--steps", "7"])
+    parsed = from_args(PretrainConfig, args)
+    assert parsed == PretrainConfig(data="d", out="o", steps=7)  # every default comes from the dataclass
+    args = parser.parse_args(["--data", "d", "--out", "o", "--tokens", "1e6", "--no-adam-bias-correction",
+                              "--no-progress", "--optimizer", "muon", "--dropout", "0.1"])
+    parsed = from_args(PretrainConfig, args)
+    assert (parsed.tokens, parsed.adam_bias_correction, parsed.progress, parsed.optimizer, parsed.dropout) == (
+        1_000_000, False, False, "muon", 0.1)
+    with pytest.raises(SystemExit):  # the budget is one of --tokens / --steps / --hours, and required
+        parser.parse_args(["--data", "d", "--out", "o", "--steps", "3", "--hours", "1"])
+
+
+def test_the_kill_test_gets_the_nights_exact_options_back():
+    night = TrainingOptions(data="shards", preset="small", lr=1e-3, adam_bias_correction=False, optimizer="muon",
+                            schedule="wsd", dropout=0.1, cpu=True, context=128)
+    parser = argparse.ArgumentParser()
+    add_options(parser, TrainingOptions)
+    again = from_args(TrainingOptions, parser.parse_args(["--data", "shards"] + to_argv(night)))
+    assert again == night
+    # every trajectory option is spelled out, defaults included: a changed default cannot slip past the kill test
+    argv = to_argv(TrainingOptions(data="x"))
+    assert "--optimizer" in argv and "--weight-decay" in argv and "--seed" in argv and "--data" not in argv
+    assert argv[argv.index("--lr") + 1] == "0.002"  # resolved once, for its optimizer: the runs get the number
+    assert TrainingOptions(data="x", optimizer="adamw").lr == 6e-4 and TrainingOptions(data="x", lr=1e-3).lr == 1e-3
+    assert to_argv(dataclasses.replace(night, lr=2e-3)) != to_argv(night)  # and a change is carried

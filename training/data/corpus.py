@@ -1,0 +1,307 @@
+"""`hitoban corpus`: build a clean, licence-tracked pretraining corpus (docs/design.md §4).
+
+Output folder: `documents.jsonl` (one `{"text", "source"}` object per line: streamable, and the source travels with
+each document so shards can count tokens per domain) and `manifest.json` (sources with repo/revision/licence and
+shares, filter settings, rejection counts, PII masks, output sha256, elapsed, tool version; no absolute paths) and
+`pii_log.jsonl` (for each masked e-mail / phone number: its context as masked, a masked display value and keyed
+digests, never the contact itself: what `hitoban pii` mines, since the masked text has nothing left to find).
+Everything is written into a temporary sibling folder and renamed at the end: an interrupted or failed build never
+leaves a folder that looks complete.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from hitoban.errors import InputError, OutputExistsError
+from hitoban.provenance import hitoban_version
+from hitoban.training.data.filters import DocumentFilter, FilterSettings, PIIMasker
+
+# Pinned revisions (3LM's): a rebuilt corpus is the same corpus.
+HUB_SOURCES = {
+    "fineweb2-ja": dict(repo="HuggingFaceFW/fineweb-2", revision="af9c13333eb981300149d5ca60a8e9d659b276b9",
+                        config="jpn_Jpan", data_files=None, license="ODC-By 1.0", text_field="text"),
+    "aozora": dict(repo="globis-university/aozorabunko-clean", revision="42a9c9c0f1d67e6a5554d9bea4201973dc9b049c",
+                   config=None, data_files="aozorabunko-dedupe-clean.jsonl.gz", license="CC BY 4.0",
+                   text_field="text"),
+}
+DEFAULT_SHARES = {"aozora": 0.10}  # 3LM: Aozora 10%, FineWeb-2 the rest
+
+
+def builtin_documents() -> list[str]:
+    """The original Japanese text shipped with hitoban, one document per blank-line-separated block."""
+    text = files("hitoban.data").joinpath("builtin_ja.txt").read_text(encoding="utf-8")
+    return [block.strip() for block in text.split("\n\n") if block.strip()]
+
+
+PII_LOG = "pii_log.jsonl"  # masked-value log for `hitoban pii` (contexts + keyed digests, never a raw contact)
+
+
+class CorpusInputError(InputError):
+    """Bad input (unreadable file, wrong encoding, nothing usable): the message names the file and what to do."""
+
+
+@dataclass
+class Source:
+    """One input stream: a pinned Hub dataset or local files. `documents()` yields raw texts lazily."""
+
+    name: str
+    license: str
+    repo: str | None = None
+    revision: str | None = None
+    paths: list[Path] = field(default_factory=list)
+    text_field: str = "text"
+    doc_per_file: bool = False
+    blank_line_docs: bool = False
+    encoding: str = "utf-8"
+    errors: str = "strict"
+    config: str | None = None
+    data_files: str | None = None
+
+    def describe(self) -> dict:
+        if self.repo:
+            return {"name": self.name, "repo": self.repo, "revision": self.revision, "license": self.license}
+        return {"name": self.name, "files": sorted(p.name for p in self.paths), "license": self.license}
+
+    def documents(self) -> Iterator[str]:
+        if self.repo:
+            yield from self._hub_documents()
+            return
+        for path in self.paths:
+            if path.suffix == ".jsonl":
+                yield from self._jsonl(path)
+            elif path.suffix == ".parquet":
+                yield from self._parquet(path)
+            elif self.doc_per_file:
+                yield self._read_whole(path)
+            elif self.blank_line_docs:
+                yield from self._txt_blocks(path)
+            else:
+                yield from self._txt_lines(path)
+
+    def _hub_documents(self) -> Iterator[str]:
+        from datasets import load_dataset  # streaming: never downloads a whole parquet into memory
+
+        dataset = load_dataset(self.repo, name=self.config, data_files=self.data_files, split="train",
+                               streaming=True, revision=self.revision)
+        for row in dataset:
+            yield row[self.text_field]
+
+    def _decode_error(self, path: Path, err: UnicodeDecodeError, offset: int) -> CorpusInputError:
+        return CorpusInputError(
+            f"{path.name}: not valid {self.encoding} at byte offset {offset + err.start} ({err.reason}); "
+            "pass --encoding ENCODING if the file uses another encoding, or --errors replace to substitute "
+            "undecodable bytes"
+        )
+
+    def _read_whole(self, path: Path) -> str:
+        data = path.read_bytes()
+        try:
+            return data.decode(self.encoding, errors=self.errors)
+        except UnicodeDecodeError as err:
+            raise self._decode_error(path, err, 0) from None
+
+    def _raw_lines(self, path: Path) -> Iterator[tuple[int, str]]:
+        """(line number, decoded line), decoding per line so an error can name its exact byte offset."""
+        offset = 0
+        with open(path, "rb") as f:
+            for number, raw in enumerate(f, 1):
+                try:
+                    yield number, raw.decode(self.encoding, errors=self.errors)
+                except UnicodeDecodeError as err:
+                    raise self._decode_error(path, err, offset) from None
+                offset += len(raw)
+
+    def _txt_lines(self, path: Path) -> Iterator[str]:
+        for _, line in self._raw_lines(path):
+            if line.strip():
+                yield line.rstrip("\n")
+
+    def _txt_blocks(self, path: Path) -> Iterator[str]:
+        """Documents separated by blank lines (one paragraph per line inside), as in many web dumps."""
+        block: list[str] = []
+        for _, line in self._raw_lines(path):
+            if line.strip():
+                block.append(line.rstrip("\n"))
+            elif block:
+                yield "\n".join(block)
+                block = []
+        if block:
+            yield "\n".join(block)
+
+    def _jsonl(self, path: Path) -> Iterator[str]:
+        for number, line in self._raw_lines(path):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise CorpusInputError(f"{path.name}:{number}: not valid JSON ({err.msg})") from None
+            text = record.get(self.text_field) if isinstance(record, dict) else None
+            if not isinstance(text, str):
+                raise CorpusInputError(f"{path.name}:{number}: no string field {self.text_field!r} "
+                                       f"(use --text-field NAME)")
+            yield text
+
+    def _parquet(self, path: Path) -> Iterator[str]:
+        from datasets import load_dataset
+
+        for row in load_dataset("parquet", data_files=str(path), split="train", streaming=True):
+            yield row[self.text_field]
+
+
+def local_source(inputs: list[str], name: str | None = None, license: str = "unknown (local files)",
+                 **options) -> Source:
+    """Expand files, globs and directories (a directory = its .txt/.jsonl/.parquet files; .txt there = one doc each)."""
+    paths: list[Path] = []
+    doc_per_file = options.pop("doc_per_file", False)
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.suffix in (".txt", ".jsonl", ".parquet"))
+            doc_per_file = doc_per_file or any(p.suffix == ".txt" for p in found)
+            paths += found
+        elif any(ch in item for ch in "*?["):
+            paths += sorted(Path(p) for p in glob.glob(item, recursive=True))
+        elif path.exists():
+            paths.append(path)
+        else:
+            raise CorpusInputError(f"{item}: no such file or directory")
+    if not paths:
+        raise CorpusInputError(f"no input files found in {inputs}")
+    stem = name or (Path(inputs[0]).stem if len(inputs) == 1 else "local")
+    return Source(name=stem, license=license, paths=paths, doc_per_file=doc_per_file, **options)
+
+
+def hub_source(name: str) -> Source:
+    if name not in HUB_SOURCES:
+        raise CorpusInputError(f"unknown source {name!r}; choose from {sorted(HUB_SOURCES)} or give local files")
+    spec = HUB_SOURCES[name]
+    return Source(name=name, license=spec["license"], repo=spec["repo"], revision=spec["revision"],
+                  config=spec["config"], data_files=spec["data_files"], text_field=spec["text_field"])
+
+
+def source_targets(sources: list[Source], target_chars: int | None, shares: dict[str, float]) -> dict[str, float]:
+    """Characters to take from each source: explicit shares first, the rest split evenly (3LM: no top-up)."""
+    if target_chars is None:
+        return {s.name: float("inf") for s in sources}
+    given = {s.name: shares[s.name] for s in sources if s.name in shares}
+    if sum(given.values()) > 1 + 1e-9:
+        raise CorpusInputError(f"source shares add up to more than 1: {given}")
+    rest = [s.name for s in sources if s.name not in given]
+    if not rest and abs(sum(given.values()) - 1) > 1e-9 and len(sources) == len(given):
+        given = {k: v / sum(given.values()) for k, v in given.items()}
+    each = (1 - sum(given.values())) / len(rest) if rest else 0.0
+    return {s.name: target_chars * given.get(s.name, each) for s in sources}
+
+
+def build_corpus(
+    sources: list[Source],
+    out: str | os.PathLike,
+    target_chars: int | None = None,
+    shares: dict[str, float] | None = None,
+    settings: FilterSettings | None = None,
+    mask_pii: bool = True,
+    seed: int = 1234,
+    progress: bool = True,
+) -> dict:
+    """Stream every source through the filters and the PII masker into `out`; returns the manifest."""
+    started = time.time()
+    out = Path(out)
+    if out.exists():
+        raise OutputExistsError(f"{out} already exists; remove it or choose another --out")
+    if not sources:
+        raise CorpusInputError("no sources: give --input PATH and/or --source NAME")
+    settings = settings or FilterSettings()
+    doc_filter = DocumentFilter(settings)
+    masker = PIIMasker(salt=os.urandom(16) if mask_pii else None)  # salt: keyed digests in the masked-value log
+    targets = source_targets(sources, target_chars, {**DEFAULT_SHARES, **(shares or {})} if len(sources) > 1 else {})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
+    try:
+        digest, per_source, seen_total = hashlib.sha256(), [], 0
+        with open(tmp / "documents.jsonl", "w", encoding="utf-8") as writer, \
+                open(tmp / PII_LOG, "w", encoding="utf-8") as pii_log:
+            bar = tqdm(total=target_chars, unit="char", unit_scale=True, desc="corpus", disable=not progress or None)
+            for source in sources:
+                docs = chars = seen = 0
+                for raw in source.documents():
+                    seen += 1
+                    text = doc_filter.apply(raw)
+                    if text is None:
+                        continue
+                    if mask_pii:
+                        text = masker.mask(text)
+                        for sealed in masker.log:
+                            pii_log.write(json.dumps(sealed, ensure_ascii=False) + "\n")
+                        masker.log.clear()
+                    line = json.dumps({"text": text, "source": source.name}, ensure_ascii=False) + "\n"
+                    writer.write(line)
+                    digest.update(line.encode("utf-8"))
+                    docs, chars = docs + 1, chars + len(text)
+                    bar.update(len(text))
+                    if chars >= targets[source.name]:
+                        break
+                seen_total += seen
+                per_source.append({**source.describe(), "documents_seen": seen, "documents": docs, "chars": chars})
+            bar.close()
+        if not mask_pii:
+            (tmp / PII_LOG).unlink()
+        total_chars = sum(s["chars"] for s in per_source)
+        total_docs = sum(s["documents"] for s in per_source)
+        if seen_total == 0:
+            raise CorpusInputError("the input is empty: no documents were read")
+        if total_docs == 0:
+            raise CorpusInputError(
+                f"every document was rejected ({dict(doc_filter.rejected)}); check the input language and "
+                f"lengths (min {settings.min_chars} chars, Japanese ratio >= {settings.min_japanese_ratio})"
+            )
+        for s in per_source:
+            s["share"] = round(s["chars"] / total_chars, 4)
+        manifest = {
+            "tool": f"hitoban {hitoban_version()}",
+            "target_chars": target_chars,
+            "total_chars": total_chars,
+            "total_documents": total_docs,
+            "seed": seed,
+            "sources": per_source,
+            "filters": {**settings.to_dict(), "rejected": dict(doc_filter.rejected),
+                        "truncated": doc_filter.truncated},
+            "pii_masks": {"enabled": mask_pii, **dict(masker.counts),
+                          "log": PII_LOG if mask_pii else None},
+            "output": {"name": "documents.jsonl", "sha256": digest.hexdigest(),
+                       "bytes": (tmp / "documents.jsonl").stat().st_size},
+            "elapsed_seconds": round(time.time() - started, 2),
+        }
+        (tmp / "manifest.json").write_text(json.dumps(manifest, ensure_ascii=False, indent=2), encoding="utf-8")
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return manifest
+
+
+def iter_corpus(corpus: str | os.PathLike) -> Iterator[dict]:
+    """Stream `{"text", "source"}` records of a built corpus (checks that it is complete first)."""
+    corpus = Path(corpus)
+    if not (corpus / "manifest.json").exists() or not (corpus / "documents.jsonl").exists():
+        raise CorpusInputError(f"{corpus} is not a hitoban corpus (documents.jsonl + manifest.json); "
+                               "build one with `hitoban corpus`")
+    with open(corpus / "documents.jsonl", encoding="utf-8") as f:
+        for line in f:
+            yield json.loads(line)
+
+
+def load_manifest(corpus: str | os.PathLike) -> dict:
+    return json.loads((Path(corpus) / "manifest.json").read_text(encoding="utf-8"))

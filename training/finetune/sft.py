@@ -1,0 +1,203 @@
+"""`hitoban sft` / `hitoban tone`: chat fine-tuning with the HF Trainer, loss only on what the assistant says.
+
+Labels come from the tokenizer's chat template (`return_assistant_tokens_mask`): -100 everywhere except assistant
+content and its closing <|end|> (so the model learns to stop), in every assistant turn. `check_mask` prints and
+verifies that alignment on fixed conversations; its negative controls (a mask shifted by one token, a mask
+without <|end|>) must fail, and the collator refuses any batch that is all-ignored or all-counted. Training is
+plain `transformers.Trainer` + `DataCollatorForSeq2Seq`; the base model's tokenizer is reused, never retrained.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from transformers import DataCollatorForSeq2Seq
+
+from hitoban.errors import InputError, UsageError
+from hitoban.provenance import sha256_file, write_json, write_lineage
+from hitoban.training.data.chat import ChatFilter, read_conversations, read_holdout_pairs
+from hitoban.training.finetune.lora import save_adapter_and_merged, with_adapter
+from hitoban.training.finetune.options import FinetuneOptions
+from hitoban.training.hardware import plan_for
+
+CHECK_CONVERSATIONS = [
+    [{"role": "user", "content": "こんにちは"}, {"role": "assistant", "content": "こんにちは！今日はどうしましたか？"}],
+    [{"role": "user", "content": "1たす1は"}, {"role": "assistant", "content": "2です。"}],
+    [{"role": "user", "content": "最近、仕事がとても忙しくて休みの日も疲れが取れません。どうすればいいでしょうか？"},
+     {"role": "assistant", "content": "よく眠りましょう。"},
+     {"role": "user", "content": "ありがとう"}, {"role": "assistant", "content": "どういたしまして。"}],
+]
+
+
+class MaskError(InputError):
+    """The assistant mask is wrong or degenerate; training must not start."""
+
+
+def build_example(tokenizer, messages: list[dict], max_length: int | None = None, corruption: str | None = None):
+    """input_ids + labels for one conversation. `corruption` ("shift" / "drop_end") exists for negative controls."""
+    enc = tokenizer.apply_chat_template(messages, return_assistant_tokens_mask=True, return_dict=True)
+    ids, mask = list(enc["input_ids"]), list(enc["assistant_masks"])
+    if corruption == "shift":
+        mask = [0] + mask[:-1]
+    elif corruption == "drop_end":
+        end = tokenizer.convert_tokens_to_ids("<|end|>")
+        mask = [0 if i == end else m for i, m in zip(ids, mask)]
+    labels = [i if m else -100 for i, m in zip(ids, mask)]
+    if max_length:
+        ids, labels = ids[:max_length], labels[:max_length]
+    return {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": labels}
+
+
+def check_mask(tokenizer, conversations=None, corruption: str | None = None, log=print) -> bool:
+    """Print counted/ignored text and the first (target, counted) pairs; verify 3LM's invariants."""
+    ids_of = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|user|>", "<|assistant|>", "<|end|>")}
+    log(f"special ids: {ids_of}")
+    failures, counted_total, tokens_total = [], 0, 0
+    for n, messages in enumerate(conversations or CHECK_CONVERSATIONS):
+        ex = build_example(tokenizer, messages, corruption=corruption)
+        ids, labels = ex["input_ids"], ex["labels"]
+        counted = [i for i, label in zip(ids, labels) if label != -100]
+        log(f"[{n}] counted: {tokenizer.decode(counted)!r}")
+        log(f"[{n}] ignored: {tokenizer.decode([i for i, label in zip(ids, labels) if label == -100])!r}")
+        pairs = [(tokenizer.decode([t]), labels[k + 1] != -100) for k, t in enumerate(ids[1:])][:8]
+        log(f"[{n}] first (target, counted): {pairs}")
+        counted_total, tokens_total = counted_total + len(counted), tokens_total + len(ids)
+        expect_counted, state = [], False
+        for token in ids:  # 3LM's rule: counted from after <|assistant|> through <|end|>
+            if token == ids_of["<|assistant|>"]:
+                expect_counted.append(False)
+                state = True
+            elif token == ids_of["<|user|>"]:
+                expect_counted.append(False)
+                state = False
+            else:
+                expect_counted.append(state)
+                if token == ids_of["<|end|>"]:
+                    state = False
+        actual = [label != -100 for label in labels]
+        if actual != expect_counted:
+            first = next(k for k, (a, e) in enumerate(zip(actual, expect_counted)) if a != e)
+            failures.append(f"conversation {n}: token {first} ({tokenizer.decode([ids[first]])!r}) is "
+                            f"{'counted' if actual[first] else 'ignored'} but should not be")
+        if any(label != -100 and i in (ids_of["<|user|>"], ids_of["<|assistant|>"]) for i, label in zip(ids, labels)):
+            failures.append(f"conversation {n}: a <|user|>/<|assistant|> marker is counted")
+        if any(label == -100 and i == ids_of["<|end|>"] for i, label in zip(ids, labels)):
+            failures.append(f"conversation {n}: an <|end|> is not counted (the model would never learn to stop)")
+    ratio = counted_total / max(tokens_total, 1)
+    if not 0.1 < ratio < 0.95:
+        failures.append(f"counted ratio {ratio:.3f} outside (0.1, 0.95)")
+    log(f"counted ratio {ratio:.3f}")
+    for failure in failures:
+        log(f"FAIL: {failure}")
+    log("mask check " + ("PASSED" if not failures else "FAILED"))
+    return not failures
+
+
+class CheckedCollator(DataCollatorForSeq2Seq):
+    """Pads input_ids/attention_mask with pad and labels with -100; refuses degenerate batches."""
+
+    def __call__(self, features, return_tensors=None):
+        batch = super().__call__(features, return_tensors)
+        real = batch["attention_mask"].bool()
+        counted = (batch["labels"] != -100) & real
+        if not counted.any():
+            raise MaskError("a training batch has no counted token: every label is -100 (check the chat template)")
+        if counted.sum() == real.sum():
+            raise MaskError("a training batch counts every token: the assistant mask is missing (check the template)")
+        return batch
+
+
+def finetune(options: FinetuneOptions, *, save_total_limit: int = 2, resume: bool = True, quiet: bool = False,
+             log=print) -> dict:
+    """Trainer fine-tune of a `from_pretrained` hitoban folder on chat files (`options`: `FinetuneOptions` for
+    `hitoban sft`, `ToneOptions` for `hitoban tone`); writes `out` + `out/summary.json`. With `--lora`, only a PEFT
+    adapter trains and `out` is the adapter folder (with `--merge`: the merged model, the adapter in
+    `out/adapter`)."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+
+    import hitoban.modeling  # noqa: F401  (registers the Auto classes)
+
+    started = time.time()
+    o, stage, lora = options, options.stage, options.lora_settings()
+    if o.merge and lora is None:
+        raise UsageError("--merge merges a LoRA adapter: add --lora")
+    base, out, data = Path(o.base), Path(o.out), [Path(path) for path in o.data]
+    if not (base / "tokenizer.json").exists() or not (base / "chat_template.jinja").exists():
+        raise MaskError(f"{base}: the base folder needs its tokenizer and chat template (tokenizer.json, "
+                        "chat_template.jinja); fine-tuning never retrains the tokenizer")
+    tok = AutoTokenizer.from_pretrained(base)
+    conversations, read_info = read_conversations(data, o.skip_bad)
+    holdout = [pair for path in o.exclude for pair in read_holdout_pairs(path)]
+    chat_filter = ChatFilter(o.filters(), holdout)
+    kept = chat_filter.apply(conversations)
+    log(f"{stage}: {len(conversations)} conversations read ({read_info['bad_lines']} bad lines skipped), "
+        f"{len(kept)} kept; rejected {dict(chat_filter.rejected)}")
+    if len(kept) < 2:
+        raise MaskError(f"only {len(kept)} conversations survive the filters; nothing to train on")
+    model = AutoModelForCausalLM.from_pretrained(base)
+    max_length = model.config.max_position_embeddings
+    if lora is not None:
+        model = with_adapter(model, lora)
+    examples = [build_example(tok, m, max_length) for m in kept]
+    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(o.seed)).tolist()
+    n_val = max(1, int(len(examples) * o.val_frac))
+    val = Dataset.from_list([examples[i] for i in order[:n_val]])
+    train = Dataset.from_list([examples[i] for i in order[n_val:]])
+    tokens = sum(len(e["input_ids"]) for e in examples)
+    counted = sum(sum(label != -100 for label in e["labels"]) for e in examples)
+    # bf16 only where the GPU multiplies it natively, fp16 (with the Trainer's scaler) on a T4 or V100, fp32 before
+    # those (hardware.plan_device; is_bf16_supported() also says yes to emulation)
+    gpu_precision = plan_for("cuda").precision if torch.cuda.is_available() else "no"
+    bf16, fp16 = gpu_precision == "bf16", gpu_precision == "fp16"
+    args = TrainingArguments(
+        output_dir=str(out / "trainer"), learning_rate=o.lr, num_train_epochs=o.epochs, max_steps=o.max_steps,
+        per_device_train_batch_size=o.batch_size, per_device_eval_batch_size=o.batch_size,
+        gradient_accumulation_steps=o.grad_accum, warmup_steps=o.warmup_ratio, lr_scheduler_type="cosine",
+        weight_decay=0.1, max_grad_norm=1.0, eval_strategy="steps", eval_steps=o.eval_steps, save_strategy="steps",
+        save_steps=o.eval_steps, save_total_limit=save_total_limit, load_best_model_at_end=True,
+        metric_for_best_model="eval_loss", greater_is_better=False, seed=o.seed, data_seed=o.seed, bf16=bf16,
+        fp16=fp16,
+        use_cpu=not torch.cuda.is_available() and not torch.backends.mps.is_available(), report_to="none",
+        logging_steps=max(1, o.eval_steps // 4), remove_unused_columns=True, disable_tqdm=None)
+    collator = CheckedCollator(tok, label_pad_token_id=-100, pad_to_multiple_of=8)
+    collator([train[i] for i in range(min(o.batch_size, len(train)))])  # refuse a degenerate mask before training
+    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=val, data_collator=collator,
+                      processing_class=tok)
+    if quiet:  # the demo prints one line per stage: drop the Trainer's progress bar and per-log dict printing
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+        trainer.remove_callback(ProgressCallback)
+        trainer.remove_callback(PrinterCallback)
+    checkpoints = sorted((out / "trainer").glob("checkpoint-*")) if resume else []
+    trainer.train(resume_from_checkpoint=str(checkpoints[-1]) if checkpoints else None)
+    final_eval = trainer.evaluate()
+    trainer.model.config.use_cache = True  # the Trainer turns the KV cache off for training; generation wants it
+    if lora is None:
+        trainer.save_model(str(out))  # the best model (load_best_model_at_end) + tokenizer, from_pretrained-ready
+    elif trainer.is_world_process_zero():
+        save_adapter_and_merged(trainer.model, tok, out, o.merge)
+    history = [h for h in trainer.state.log_history if "eval_loss" in h]
+    best = min(history, key=lambda h: h["eval_loss"]) if history else {"eval_loss": final_eval["eval_loss"],
+                                                                        "step": trainer.state.global_step}
+    summary = {"stage": stage, "base": base.name, "conversations": len(kept), "train_conversations": len(train),
+               "val_conversations": len(val), "tokens": tokens, "counted_tokens": counted,
+               "counted_ratio": round(counted / tokens, 4), "best_val_loss": best["eval_loss"],
+               "best_step": best["step"], "first_val_loss": history[0]["eval_loss"] if history else None,
+               "steps": trainer.state.global_step, "lr": o.lr, "epochs": o.epochs, "resumed": bool(checkpoints),
+               "filters": chat_filter.report(), "read": read_info, "seconds": round(time.time() - started, 1),
+               "lora": ({"r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout, "targets": list(lora.targets),
+                         "merged": o.merge} if lora is not None else None)}
+    data_files = [{"name": Path(path).name, "sha256": sha256_file(path)} for path in data]
+    summary.update({"kind": f"{stage}-summary", "schema": 1, "data": data_files})
+    if trainer.is_world_process_zero():  # under DDP every process gets here; one writes
+        lineage = write_lineage(out, stage, base, conversations=len(kept), best_val_loss=best["eval_loss"],
+                                best_step=best["step"], data=data_files)
+        summary.update({"weights_sha256": lineage["weights_sha256"],
+                        "base_weights_sha256": lineage["base"]["weights_sha256"]})
+        write_json(out / "summary.json", summary)
+    log(f"{stage}: best val loss {best['eval_loss']:.4f} at step {best['step']} "
+        f"({summary['counted_ratio']:.1%} of tokens counted) -> {out}")
+    return summary

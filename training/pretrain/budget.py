@@ -1,0 +1,71 @@
+"""What a night can afford: its step budget from `--hours`, and the memory a step needs against what is there.
+
+Both are measured or estimated on this very shape, precision and device before the first real step, so a night
+that cannot fit, or cannot finish, says so at once rather than at 3 a.m.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from hitoban.errors import ResourceError
+from hitoban.modeling import HitobanConfig
+from hitoban.training.data.reader import ShardReader
+from hitoban.training.hardware import available_memory_bytes, parameter_count
+from hitoban.training.pretrain.calibrate import HOURS_USABLE, measure
+from hitoban.training.pretrain.checkpoint import TrainState, current_slot
+from hitoban.training.pretrain.options import PretrainConfig
+
+
+def steps_for_hours(cfg: PretrainConfig, run: Path, accelerator, train: ShardReader, context: int,
+                    compiled: bool, muon_dtype: str = "bfloat16") -> int:
+    """--hours: the step budget whose schedule ends in `cfg.hours`, from tok/s measured on this very shape,
+    precision, device and compile choice (warm steps only, as `hitoban calibrate`). A resumed run keeps the budget
+    it was sized with: the schedule must not change under it."""
+    slot = current_slot(run) if cfg.resume == "auto" and run.exists() else None
+    steps = TrainState.read(slot).fingerprint.get("total_steps") if slot is not None else None
+    if steps is not None:
+        print(f"# --hours: keeping this run's budget of {steps:,} steps", flush=True)
+        return steps
+    world = accelerator.num_processes
+    row = measure(cfg.preset, cfg.batch_size // world, train.vocab_size, context, steps=10, warmup=3,
+                  accelerator=accelerator, data=train, max_seconds=30, compiled=compiled, optimizer_name=cfg.optimizer,
+                  grad_accum=cfg.grad_accum, muon_dtype=muon_dtype)
+    steps = torch.tensor(max(1, int(row["tok_per_sec"] * world * cfg.hours * 3600 * HOURS_USABLE)
+                             // (cfg.batch_size * context)), device=accelerator.device)
+    if world > 1:  # one budget for every rank: the slowest measurement decides
+        import torch.distributed as dist
+
+        dist.all_reduce(steps, op=dist.ReduceOp.MIN)
+    print(f"# --hours {cfg.hours:g}: {row['tok_per_sec'] * world:,.0f} tok/s measured -> {int(steps):,} steps "
+          f"({HOURS_USABLE:.0%} of the time trains; the rest is kept for evaluations and saves)", flush=True)
+    return int(steps)
+
+
+def estimate_memory_bytes(config: HitobanConfig, micro_batch: int, context: int, precision: str = "no") -> int:
+    """Weights + grads + Adam m, v (fp32: 16 bytes a parameter) + activations (~34 values per hidden unit per layer)
+    + the B x T x V logits: in fp32, the logits, the loss's fp32 log-softmax and its saved gradient (12 bytes an
+    entry); under bf16/fp16 the half logits and half gradient beside those, and the fp32 copy of the logits that
+    Accelerate's `convert_outputs_to_fp32` makes of the model's output (16 bytes an entry)."""
+    activations = micro_batch * context * config.hidden_size * config.num_hidden_layers * 34 * 4
+    logits = micro_batch * context * config.vocab_size * (16 if precision in ("bf16", "fp16") else 12)
+    return parameter_count(config) * 16 + activations + logits
+
+
+def memory_preflight(cfg: PretrainConfig, config: HitobanConfig, device: torch.device, micro: int, context: int,
+                     precision: str) -> None:
+    """Refuse a run whose estimate exceeds what it may use: free memory, or --memory-cap-gb when that is lower."""
+    if device.type in ("cuda", "mps") and cfg.memory_cap_gb:
+        total = (torch.cuda.get_device_properties(device).total_memory if device.type == "cuda"
+                 else torch.mps.recommended_max_memory())
+        fraction = min(1.0, cfg.memory_cap_gb * 2**30 / total)
+        (torch.cuda if device.type == "cuda" else torch.mps).set_per_process_memory_fraction(fraction)
+    need, free = estimate_memory_bytes(config, micro, context, precision), available_memory_bytes(device)
+    limits = [(free, "free"), (cfg.memory_cap_gb * 2**30 if cfg.memory_cap_gb else None, "allowed by --memory-cap-gb")]
+    have, what = min(((b, w) for b, w in limits if b is not None), default=(None, ""))
+    if have is not None and need > 0.9 * have and not cfg.skip_memory_check:
+        raise ResourceError(f"this run needs about {need / 2**30:.1f} GiB but {have / 2**30:.1f} GiB are {what} on "
+                            f"{device}; lower --batch-size (or use --grad-accum), close other programs, or pass "
+                            "--skip-memory-check")

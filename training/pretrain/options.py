@@ -1,0 +1,135 @@
+"""`hitoban pretrain`'s options, defined once (training/options.py): the trajectory (what the kill test must
+run exactly) and the run's budget, folder and bookkeeping. `hitoban killtest`, `calibrate` and `--supervise` take
+theirs from here too. Standard library only at import: `hitoban --help` builds every parser without torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hitoban.training.options import Checked, check_ranges, option, parse_count, same_as
+
+DEFAULT_LR = {"muon": 2e-3, "adamw": 6e-4}  # measured at the small shape (README, Benchmarks); adamw: 3LM's
+
+
+@dataclass(kw_only=True)
+class TrainingOptions(Checked):
+    """What shapes a training trajectory: the kill test must run the night with exactly these."""
+
+    data: str = option(help="a shard folder from `hitoban shards`")
+    preset: str = option("3lm", "model shape", choices=("tiny", "small", "3lm", "zxell-s"))
+    batch_size: int = option(32, "sequences per optimizer step, over all processes", min=1)
+    context: int | None = option(None, "tokens per sequence (default: the preset's)", min=2)
+    grad_accum: int = option(1, "micro-batches per step (same result, less memory)", min=1)
+    lr: float | None = option(None, "peak learning rate (default: 2e-3 with muon, 3LM's 6e-4 with adamw)", above=0)
+    min_lr_ratio: float = option(0.1, "the schedule ends at this fraction of the peak", min=0, max=1)
+    warmup_frac: float = option(0.02, "warmup: max(100 steps, this fraction), from 2%% of the peak", min=0, max=1)
+    weight_decay: float = option(0.1, "decoupled weight decay", min=0)
+    grad_clip: float = option(1.0, "clip the gradient norm (0: off)", min=0)
+    adam_bias_correction: bool = option(True, "AdamW without bias correction (3LM/MLX semantics: smaller first "
+                                              "updates)", flag="--no-adam-bias-correction")
+    optimizer: str = option("muon", "muon: torch's Muon on the hidden matrices (update scaled to AdamW's RMS, same "
+                                    "--lr; its Newton-Schulz in bf16 where native, else fp32), AdamW on embeddings "
+                                    "and norms; adamw: AdamW on everything (3LM). Muon is the default by measurement "
+                                    "(benchmarks/bench_night.py)",
+                            choices=("adamw", "muon"))
+    schedule: str = option("wsd", "wsd: warmup-stable-decay with a linear warmdown over --decay-frac (extendable); "
+                                  "cosine: to --min-lr-ratio (3LM)", choices=("cosine", "wsd"))
+    decay_frac: float = option(0.2, "wsd: the warmdown's share of the steps", min=0, max=1)
+    dropout: float = option(0.0, "residual and embedding dropout", min=0, below=1)
+    seed: int = option(1234, "initialisation and batches: (seed, step) -> batch", min=0)
+    precision: str = option("auto", "auto: the device plan (training/hardware.py): bf16 where the hardware has it "
+                                    "(CUDA 8.0+, CPUs with AMX / AVX512-BF16), fp16 on CUDA 7.x (T4, V100), fp32 "
+                                    "elsewhere, MPS included (bf16 there needs macOS 14; fp16 needs a GPU)",
+                            choices=("auto", "no", "bf16", "fp16"))
+    compile: str = option("auto", "torch.compile the model. auto: on CUDA 7.0+; on a CPU only when a measurement on "
+                                  "this machine says the run is long enough to repay the compile time (cached)",
+                          choices=("auto", "on", "off"))
+    cpu: bool = option(False, "train on the CPU even when a GPU/MPS is present")
+    memory_cap_gb: float | None = option(None, "cap GPU/MPS memory for this process (GiB)", above=0)
+    skip_memory_check: bool = option(False, "start even when the memory estimate exceeds what is free")
+
+    def __post_init__(self) -> None:
+        if self.lr is None and self.optimizer in DEFAULT_LR:  # resolved once, here: every reader sees the number
+            self.lr = DEFAULT_LR[self.optimizer]
+        check_ranges(self)
+
+
+@dataclass(kw_only=True)
+class PretrainConfig(TrainingOptions):
+    """`hitoban pretrain`: the trajectory plus the run's budget, folder and bookkeeping."""
+
+    out: str = option(help="run folder: checkpoints, final/, log.jsonl, heartbeat.json")
+    tokens: int | None = option(None, "token budget (the LR schedule is built for exactly this)", group="budget",
+                                parse=parse_count, min=1)
+    steps: int | None = option(None, "step budget", group="budget", min=1)
+    hours: float | None = option(None, "size the budget to end in this many hours: tok/s measured on this run's "
+                                       "shape and device, then fixed for the run (a resume keeps it)", group="budget",
+                                 above=0)
+    resume: str = option("auto", "auto: continue from the last complete checkpoint; never: start over in --out",
+                         choices=("auto", "never"))
+    allow_change: str | None = option(None, "resume even though these options differ from the checkpoint's (e.g. "
+                                            "lr,total_steps); the change is recorded in log.jsonl",
+                                      metavar="OPTION,...")
+    save_every_steps: int | None = option(None, "also save every N steps", min=1)
+    save_every_min: float = option(10.0, "save at least this often (minutes)", above=0)
+    eval_every: int = option(500, "validation every N steps (and at the end)", min=1)
+    eval_batches: int = option(20, "fixed validation batches per evaluation", min=1)
+    log_every: int = option(50, "a train record in log.jsonl every N steps; also where the loss is read from the "
+                                "device and checked for NaN", min=1)
+    max_hours: float | None = option(None, "save and stop cleanly after this much training time", above=0)
+    progress: bool = option(True, "progress bar (log.jsonl and heartbeat.json are written either way)",
+                            flag="--no-progress")
+
+
+@dataclass(kw_only=True)
+class SuperviseOptions(Checked):
+    """`hitoban pretrain --supervise`: the night relaunched by a parent process after a crash."""
+
+    supervise: bool = option(False, "relaunch after a crash while the saved step advances; keep the machine awake")
+    max_restarts: int = option(40, "--supervise: give up after this many relaunches", min=0)
+
+
+@dataclass(kw_only=True)
+class KillTestOptions(TrainingOptions):
+    """`hitoban killtest`: the night's trajectory options, run short, killed and resumed."""
+
+    work: str = option("hitoban-killtest", "scratch folder; killtest.json and .png land here")
+    steps: int = option(60, "length of each run (the night's other options are kept)", min=1)
+    kills: int = option(2, "SIGKILLs (the first lands inside a checkpoint save)", min=1)
+    eval_every: int | None = option(None, "validation every N steps (default: at the end only)", min=1)
+
+
+CANDIDATES = ("tiny:8", "small:16", "3lm:24", "3lm:32", "3lm:48", "zxell-s:16")
+
+
+@dataclass(kw_only=True)
+class CalibrateOptions(Checked):
+    """`hitoban calibrate`: the candidates measured, and the device choices the night itself would make."""
+
+    data: str | None = option(None, "a shard folder from `hitoban shards` (default: random tokens of --vocab-size)")
+    context: int | None = same_as(TrainingOptions, "context")
+    optimizer: str = same_as(TrainingOptions, "optimizer")
+    precision: str = same_as(TrainingOptions, "precision")
+    compile: str = same_as(TrainingOptions, "compile", help="measure the compiled step where the night's --compile "
+                           "would compile (auto: the night's own choice for a run of --hours on this machine); the "
+                           "compile time is excluded, as --hours does")
+    cpu: bool = same_as(TrainingOptions, "cpu")
+    hours: float = option(8.0, "length of the night", above=0)
+    candidate: list[str] = option(help="PRESET:BATCH to measure; repeatable (default: " + " ".join(CANDIDATES) + ")",
+                                  factory=lambda: list(CANDIDATES), repeat=True, metavar="PRESET:BATCH")
+    vocab_size: int = option(32000, "vocabulary without --data (with it: the shards')", min=260, max=65536)
+    steps: int = option(10, "timed steps per candidate at least (after --warmup); more, up to a minute, until the "
+                            "timings settle within 10%%", min=1)
+    warmup: int = option(3, "untimed steps first (allocation, kernel selection)", min=0)
+    out: str | None = option(None, "also write the table as JSON")
+
+
+def shaped_config(preset: str, vocab_size: int, context: int | None = None, **overrides) -> tuple:
+    """(the preset's model config for this vocabulary with room for `context` positions, the context; default: the
+    preset's). The model is imported here, not above: `hitoban --help` reads these options without torch."""
+    from hitoban.modeling import HitobanConfig
+
+    config = HitobanConfig.from_preset(preset, vocab_size=vocab_size, **overrides)
+    context = context or config.max_position_embeddings
+    config.max_position_embeddings = max(config.max_position_embeddings, context)
+    return config, context

@@ -1,0 +1,47 @@
+"""The learning-rate schedule, one small value built once for exactly the run's budget (docs/design.md §6).
+
+Linear warmup over max(100 steps, 2%) from 2% of the peak, then either cosine to 10% of the peak at the last step
+(3LM) or warmup-stable-decay. (3LM's predecessor stopped on a time cap before its cosine had decayed; a schedule
+sized to the real budget cannot.) The LR is a pure function of the step, like the batches, so a resume needs only
+the step to continue it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """cosine: warmup, then cosine to `min_ratio` of the peak at the last step (3LM).
+    wsd (warmup-stable-decay): warmup, the peak held, then a linear warmdown to `min_ratio` over the last
+    `decay_frac` of the steps. Everything before the warmdown is independent of the budget, so a night can be
+    extended (`--allow-change total_steps`) from a checkpoint taken before its warmdown without changing the past."""
+
+    peak: float
+    total_steps: int
+    kind: str = "cosine"
+    warmup_frac: float = 0.02
+    min_ratio: float = 0.1
+    decay_frac: float = 0.2
+    min_warmup: int = 100  # the warmup lasts at least this many steps (the tiny-model helper asks for fewer)
+
+    @property
+    def warmup(self) -> int:
+        return min(max(self.min_warmup, int(self.total_steps * self.warmup_frac)), max(1, self.total_steps - 1))
+
+    def lr(self, step: int) -> float:
+        """LR for the update made after `step` updates (3LM: update k uses lr(k - 1))."""
+        peak, warmup, floor = self.peak, self.warmup, self.peak * self.min_ratio
+        if step < warmup:
+            return peak * 0.02 + (peak - peak * 0.02) * step / warmup
+        if self.kind == "wsd":
+            start = max(warmup, self.total_steps - max(1, round(self.total_steps * self.decay_frac)))
+            if step < start:
+                return peak
+            span = max(1, self.total_steps - start)
+            return peak + (floor - peak) * min(step - start, self.total_steps - start) / span
+        span = max(1, self.total_steps - warmup)
+        progress = min(step - warmup, span) / span
+        return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * progress))

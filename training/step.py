@@ -1,0 +1,53 @@
+"""One training step, and the process-level Accelerate state a run owns while it trains.
+
+The night (`training/pretrain/trainer.py`), `hitoban calibrate`, the benchmarks and the tiny-model helper all run
+this same step, so a measured tok/s is the night's tok/s. The step leaves its loss and gradient norm on the device:
+reading them every step would make the host wait for the accelerator each step (the night's monitor reads them
+once per log window).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+
+
+def train_step(model, optimizer, accelerator, rows: np.ndarray, grad_accum: int, grad_clip: float
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward, backward (over `grad_accum` micro-batches), clip, update. Returns (mean loss, gradient norm) as
+    device tensors, unread. The LR and the dropout seed are the caller's: they are functions of the step."""
+    micro = len(rows) // grad_accum
+    device = accelerator.device
+    loss_sum = torch.zeros((), device=device)
+    for m in range(grad_accum):
+        x = torch.from_numpy(rows[m * micro : (m + 1) * micro]).to(device, non_blocking=True)
+        sync = accelerator.no_sync(model) if m < grad_accum - 1 else nullcontext()
+        with sync, accelerator.autocast():
+            loss = model(input_ids=x, labels=x).loss / grad_accum
+            accelerator.backward(loss)
+        loss_sum += loss.detach()
+    grad_norm = accelerator.clip_grad_norm_(model.parameters(), grad_clip or float("inf"))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, torch.as_tensor(grad_norm, device=device)
+
+
+def reset_accelerate_state(cpu: bool | None = None) -> None:
+    """Accelerate keeps one state per process (mixed precision, gradient accumulation) and refuses a second
+    Accelerator with another precision: a run after a Trainer (or a Trainer after a run) in one program would fail.
+    A run owns that state while it trains. Its device is kept too, and a later `Accelerator(cpu=True)` silently
+    runs on the earlier run's GPU: with `cpu` given (the device the next Accelerator must use), a single process's
+    device state that does not match is reset as well. A process group's (torchrun) is never touched."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    GradientState._reset_state()
+    if cpu is None or not PartialState._shared_state:
+        return
+    from hitoban.modeling.loading import device_for
+
+    state = PartialState()
+    if state.device.type != device_for(cpu).type and state.num_processes == 1:
+        PartialState._reset_state()
