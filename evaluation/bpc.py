@@ -25,6 +25,7 @@ import numpy as np
 from hitoban.errors import InputError
 from hitoban.evaluation.options import DOMAIN_CHARS
 from hitoban.provenance import write_json
+from hitoban.training.data.text import read_text
 from hitoban.training.data.tokenizer import MARKERS
 from hitoban.training.nll import token_nats
 
@@ -87,7 +88,8 @@ def read_domain(name: str, path: str | Path) -> str:
     path = Path(path)
     if not path.is_file():
         raise BpcError(f"domain {name}: {path} not found")
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path, f"domain {name}", hint="bits/char is measured on UTF-8 text: convert the file (e.g. "
+                     "iconv -f SHIFT_JIS -t UTF-8) and try again")
     if not text.strip():
         raise BpcError(f"domain {name}: {path.name} is empty")
     return text
@@ -101,6 +103,8 @@ def cross_domain(models: list[str | Path], domains: dict[str, str | Path], max_c
     from hitoban.provenance import sha256_file, weights_sha256
 
     texts = {name: read_domain(name, path) for name, path in domains.items()}
+    for model_path in models if shards else []:  # before anything is measured
+        check_same_tokenizer(model_path, shards)
     records = []
     for model_path in models:
         model, tok = load_model_and_tokenizer(model_path)
@@ -113,6 +117,34 @@ def cross_domain(models: list[str | Path], domains: dict[str, str | Path], max_c
     return {"kind": "bits-per-char", "schema": 2, "window": WINDOW, "max_chars": max_chars, "markers": MARKER_RULE,
             "domains": {k: {"file": Path(v).name, "sha256": sha256_file(v)} for k, v in domains.items()},
             "records": records}
+
+
+def check_same_tokenizer(model_dir: str | Path, shards: str | Path) -> None:
+    """Shards hold token ids; scored by a model with another tokenizer they mean other pieces, and bits/char comes
+    out as a plausible, wrong number. The shard index records its tokenizer's sha256: it must be the model's."""
+    from hitoban.training.data.shards import load_index, tokenizer_sha256
+
+    index = load_index(Path(shards))
+    recorded, model_dir = index["tokenizer"]["sha256"], Path(model_dir)
+    if not (model_dir / "tokenizer.json").is_file():
+        raise BpcError(f"{model_dir}: no tokenizer.json, so nothing tells whether it reads {shards}'s token ids")
+    mine = tokenizer_sha256(model_dir)
+    copy = Path(shards) / "tokenizer" / "tokenizer.json"  # the shards' own copy (verified against the index)
+    if mine != recorded and not (copy.is_file() and _pieces(copy) == _pieces(model_dir / "tokenizer.json")):
+        raise BpcError(f"{shards} was encoded with another tokenizer ({index['tokenizer'].get('name')}, sha256 "
+                       f"{recorded[:12]}) than {model_dir.name}'s (sha256 {mine[:12]}): its ids would mean other "
+                       "pieces to this model. Build shards with the model's tokenizer (hitoban shards --tokenizer "
+                       f"{model_dir}) or measure on --domain text files")
+
+
+def _pieces(tokenizer_json: Path) -> tuple:
+    """What maps ids to text in a tokenizer.json (the model's vocabulary and the added tokens), without the
+    formatting a re-save (the Trainer's, after SFT) changes."""
+    import json
+
+    data = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+    added = sorted((t["id"], t["content"]) for t in data.get("added_tokens", []))
+    return json.dumps(data.get("model"), sort_keys=True), json.dumps(data.get("normalizer"), sort_keys=True), added
 
 
 def shard_domain_bpc(model, tokenizer, shards: str | Path, max_tokens: int = 200_000) -> list[dict]:

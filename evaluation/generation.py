@@ -21,6 +21,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from hitoban.errors import InputError
+from hitoban.training.data.text import read_text
 
 SAMPLING = {"temperature": 0.8, "top_k": 40, "repetition_penalty": 1.15, "penalty_window": 64,
             "max_new_tokens": 200, "seed": 777}
@@ -74,7 +75,7 @@ def load_questions(path: str | Path) -> list[dict]:
     if not path.is_file():
         raise QuestionsError(f"{path}: questions file not found")
     items = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(read_text(path, "questions").splitlines(), 1):
         if not line.strip():
             continue
         try:

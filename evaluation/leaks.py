@@ -22,6 +22,7 @@ The byte-level search engines live in `evaluation/matching.py`.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import queue
@@ -38,6 +39,7 @@ import numpy as np
 from hitoban.evaluation.matching import LeakScanError, Matcher, scan_bytes_chunks
 from hitoban.provenance import write_json
 from hitoban.training.data.markers import MARKERS
+from hitoban.training.data.text import read_text
 
 CHUNK = 16 * 2**20
 MIN_WHOLE_TURN_BYTES = 23  # the fast engine's minimum, so whole turns never force a slower engine
@@ -75,9 +77,9 @@ def split_turns(raw: str) -> list[str]:
 def read_holdout(path: Path) -> list[list[str]]:
     """Held-out items as lists of turns: text lines (markers split turns) or JSONL chats."""
     if path.suffix != ".jsonl":
-        return [split_turns(line) for line in path.read_text(encoding="utf-8").splitlines()]
+        return [split_turns(line) for line in read_text(path, "holdout").splitlines()]
     items = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(read_text(path, "holdout").splitlines(), 1):
         if not line.strip():
             items.append([])
             continue
@@ -163,19 +165,27 @@ def _strings(value, out: list[str]) -> None:
             _strings(item, out)
 
 
-def jsonl_text_chunks(path: Path, chunk: int, digest=None) -> Iterator[bytes]:
+def jsonl_text_chunks(path: Path, chunk: int, digest=None, encoding: str = "utf-8", counted: dict | None = None
+                      ) -> Iterator[bytes]:
     """The strings of every JSONL record (decoded: no escapes), one record per line, in ~`chunk`-byte blocks."""
-    block, size = [], 0
+    block, size, read = [], 0, 0
     with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
             if digest is not None:
                 digest.update(line)
             if not line.strip():
+                read += len(line)
                 continue
             try:
-                record = json.loads(line)
+                record = json.loads(line.decode(encoding))
+            except UnicodeDecodeError as err:
+                raise LeakScanError(f"{path.name}:{number}: not valid {encoding} text at byte offset "
+                                    f"{read + err.start}; pass --encoding ENCODING") from None
             except ValueError as err:
                 raise LeakScanError(f"{path.name}:{number}: not JSON ({err})") from err
+            read += len(line)
+            if counted is not None:
+                counted["text_bytes"] = read
             parts: list[str] = []
             _strings(record, parts)
             text = ("\n".join(parts) + "\n").encode("utf-8")
@@ -188,8 +198,39 @@ def jsonl_text_chunks(path: Path, chunk: int, digest=None) -> Iterator[bytes]:
         yield b"".join(block)
 
 
-def corpus_chunks(path: Path, chunk: int, digest=None) -> Iterator[bytes]:
-    return (jsonl_text_chunks if path.suffix == ".jsonl" else _file_chunks)(path, chunk, digest)
+def decoded_chunks(path: Path, chunk: int, digest=None, encoding: str = "utf-8", counted: dict | None = None
+                   ) -> Iterator[bytes]:
+    """A text corpus as UTF-8 blocks: checked as UTF-8 (and passed on as read), or decoded from `encoding` and
+    re-encoded, so that held-out text is compared with text, not with bytes in another encoding. An undecodable
+    byte (another encoding, a binary file) stops the scan with its offset: a scan that read nothing as text must
+    not report "no leak". `counted["text_bytes"]` is what was read as text."""
+    decoder = codecs.getincrementaldecoder(encoding)("strict")
+    offset = 0
+    for block in _file_chunks(path, chunk, digest):
+        pending = len(decoder.getstate()[0])
+        try:
+            text = decoder.decode(block)
+        except UnicodeDecodeError as err:
+            raise LeakScanError(f"{path.name}: not valid {encoding} text at byte offset {offset - pending + err.start}"
+                                f" ({err.reason}); the scan compares text, so it cannot read this file: pass "
+                                "--encoding ENCODING for a corpus in another encoding (e.g. shift_jis, cp932), or "
+                                "leave binary files out") from None
+        offset += len(block)
+        if counted is not None:
+            counted["text_bytes"] = offset - len(decoder.getstate()[0])
+        yield block if encoding.replace("_", "-").lower() in ("utf-8", "utf8") else text.encode("utf-8")
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise LeakScanError(f"{path.name}: ends inside a {encoding} character (a truncated file?); the last bytes "
+                            "are not text") from None
+
+
+def corpus_chunks(path: Path, chunk: int, digest=None, encoding: str = "utf-8", counted: dict | None = None
+                  ) -> Iterator[bytes]:
+    if path.suffix == ".jsonl":
+        return jsonl_text_chunks(path, chunk, digest, encoding, counted)
+    return decoded_chunks(path, chunk, digest, encoding, counted)
 
 
 def read_ahead(chunks: Iterator[bytes], depth: int = 2) -> Iterator[bytes]:
@@ -300,7 +341,7 @@ def corpus_identity(corpus: Path) -> tuple[Path, str | None]:
 
 def scan_for_leaks(holdout: str | Path, corpora: list[str | Path], engine: str | None = None,
                    chunk: int = CHUNK, length: int = 48, per_line: int = 3, progress=None,
-                   out: str | Path | None = None) -> dict:
+                   out: str | Path | None = None, encoding: str = "utf-8") -> dict:
     """Scan every corpus for held-out items; returns the report (`leaked` true on any hit), also written to `out`."""
     holdout = Path(holdout)
     if not holdout.is_file():
@@ -323,13 +364,16 @@ def scan_for_leaks(holdout: str | Path, corpora: list[str | Path], engine: str |
     for corpus in map(Path, corpora):
         path, known_sha = corpus_identity(corpus)
         matcher = factory(patterns)
-        digest = hashlib.sha256()
+        digest, counted = hashlib.sha256(), {"text_bytes": 0}
         start = time.perf_counter()
-        counts, positions = scan_bytes_chunks(read_ahead(corpus_chunks(path, chunk, digest)), matcher, track)
+        # a corpus folder's documents.jsonl is hitoban's own UTF-8; --encoding is for the user's text files
+        chunks = corpus_chunks(path, chunk, digest, encoding if path.name != "documents.jsonl" else "utf-8", counted)
+        counts, positions = scan_bytes_chunks(read_ahead(chunks), matcher, track)
         seconds = time.perf_counter() - start
         row = _corpus_row(plan, probe_list, counts, positions)
         size = path.stat().st_size
         report["corpora"].append({"corpus": corpus.name, "sha256": known_sha or digest.hexdigest(), "bytes": size,
+                                  "text_bytes": counted["text_bytes"], "encoding": encoding,
                                   "engine": matcher.engine, "seconds": round(seconds, 3),
                                   "mib_per_s": round(size / 2**20 / max(seconds, 1e-9), 1), **row})
         if progress:

@@ -198,7 +198,10 @@ def probe_model(model_dir: str | os.PathLike, corpus: list[str | os.PathLike], s
     """`hitoban pii MODEL --corpus PATH…`: mine candidates, attack the model; status "not measured" when there was
     nothing to try. The report (masked values only) is also written to `out`."""
     from hitoban.modeling.loading import load_model_and_tokenizer
+    from hitoban.training.data.text import require_file
 
+    require_file(Path(model_dir) / "model.safetensors", f"{model_dir} is not a model folder",
+                 made_by="`hitoban pretrain` (RUN/final), `sft` or `tone`")
     candidates, mining = mine_candidates(corpus, samples)
     report = {"kind": "pii-probe", "schema": 2, "model": Path(model_dir).name,
               "weights_sha256": weights_sha256(model_dir), "corpus": [corpus_identity(Path(p)) for p in corpus],

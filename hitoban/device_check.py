@@ -153,6 +153,7 @@ def _placement(out: Path, cpu: bool, seed: int, steps: int):
     from hitoban.training.pretrain.trainer import Trainer
     from hitoban.training.step import reset_accelerate_state
 
+    run = None
     try:
         run = Trainer(_night_config(out, cpu, seed, steps, compile="off"))
         check_state_placement(run.optimizer)
@@ -160,6 +161,8 @@ def _placement(out: Path, cpu: bool, seed: int, steps: int):
         return run.resumed_from is not None, f"resumed from {run.resumed_from.name}: {tensors} state tensors on " \
                                              f"their optimizer's devices", None
     finally:
+        if run is not None:
+            run.close()
         reset_accelerate_state()
 
 

@@ -79,14 +79,27 @@ def scan_text(text: str, path: str, exempt: set[str] = frozenset()) -> list[Find
     return findings
 
 
+def link_outside(root: str | os.PathLike, rel: str) -> Path | None:
+    """Where `rel` really is, when a symbolic link (the file or a folder above it) takes it out of `root`: an
+    upload would read and send that file, so it is refused by name. None for an ordinary file or a link inside."""
+    root = Path(root).resolve()
+    target = (root / rel).resolve()
+    return None if target == root or root in target.parents else target
+
+
 def scan_files(root: str | os.PathLike, relative_paths: list[str]) -> list[Finding]:
-    """Names and contents of the given files (binaries, symlinks and files over 8 MiB: names only)."""
+    """Names and contents of the given files, links followed as an upload would follow them (binaries and files
+    over 8 MiB: names only); a link that leaves `root` is a finding of its own."""
     findings = []
     for rel in relative_paths:
         path = Path(root) / rel
         if path.name in FORBIDDEN_NAMES or path.suffix in FORBIDDEN_SUFFIXES:
             findings.append(Finding(rel, 0, "forbidden-file", path.name))
-        if path.is_symlink() or path.suffix in BINARY_SUFFIXES or path.stat().st_size > MAX_BYTES:
+        outside = link_outside(root, rel)
+        if outside is not None:
+            findings.append(Finding(rel, 0, "link-outside-folder", f"-> {outside}"))
+            continue
+        if not path.is_file() or path.suffix in BINARY_SUFFIXES or path.stat().st_size > MAX_BYTES:
             continue
         findings += scan_text(path.read_text(encoding="utf-8", errors="replace"), rel)
     return sorted(set(findings))
@@ -113,9 +126,11 @@ class ScanReport:
 
 def _walk(root: Path) -> list[str]:
     relative_paths = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".venv"))
-        relative_paths += [(Path(dirpath) / name).relative_to(root).as_posix() for name in sorted(filenames)]
+    for dirpath, dirnames, filenames in os.walk(root):  # a linked folder is listed as one entry, not entered
+        linked = sorted(d for d in dirnames if (Path(dirpath) / d).is_symlink())
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith(".venv")
+                             and d not in linked)
+        relative_paths += [(Path(dirpath) / name).relative_to(root).as_posix() for name in sorted(filenames) + linked]
     return relative_paths
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from huggingface_hub.utils import filter_repo_objects
 
 from hitoban.errors import CheckFailed, MissingInputError, UsageError
-from hitoban.release.secrets import scan_files
+from hitoban.release.secrets import link_outside, scan_files
 
 MODEL_ALLOW = ["model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json", "config.json",
                "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -60,12 +60,17 @@ class UploadPlan:
 
 
 def _all_files(folder: Path) -> list[tuple[str, int]]:
+    """Every file under `folder` as huggingface_hub would read it; links are listed, not followed into folders."""
     found = []
-    for path in sorted(folder.rglob("*")):
-        rel = path.relative_to(folder).as_posix()
-        if path.is_file() and not rel.startswith((".git/", ".cache/huggingface/")):
-            found.append((rel, path.stat().st_size))
-    return found
+    for dirpath, dirnames, filenames in os.walk(folder):  # followlinks=False: a linked folder is one entry
+        names = sorted(filenames) + sorted(d for d in dirnames if (Path(dirpath) / d).is_symlink())
+        dirnames[:] = sorted(d for d in dirnames if not (Path(dirpath) / d).is_symlink())
+        for name in names:
+            path = Path(dirpath) / name
+            rel = path.relative_to(folder).as_posix()
+            if not rel.startswith((".git/", ".cache/huggingface/")):
+                found.append((rel, path.stat().st_size if path.exists() else 0))
+    return sorted(found)
 
 
 def plan_upload(folder: str | os.PathLike, repo: str, repo_type: str = "model", allow: list[str] | None = None,
@@ -91,6 +96,10 @@ def plan_upload(folder: str | os.PathLike, repo: str, repo_type: str = "model", 
         plan.refusals.append("no app.py in the Space folder")
     if "README.md" not in names:
         plan.refusals.append("no README.md: write the model card first (`hitoban card`)")
+    links = [f"{p} -> {link_outside(folder, p)}" for p in names if link_outside(folder, p) is not None]
+    if links:
+        plan.refusals.append(f"symbolic link(s) leave the folder and their targets would be uploaded: "
+                             f"{'; '.join(links)}; copy the file in or remove the link")
     never = sorted(set(filter_repo_objects(names, allow_patterns=NEVER)))
     if never:
         plan.refusals.append(f"optimizer state, logs or credentials would be uploaded: {never}; remove them from "

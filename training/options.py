@@ -44,6 +44,21 @@ def check_ranges(options) -> None:
                 raise UsageError(f"{name} {value:g}: must be {words} {f.metadata[key]:g}")
 
 
+def ranged(kind: type, **limits):
+    """An argparse type for a verb whose options are not (yet) a dataclass: the value converted by `kind` and held
+    to `limits` (min, max, above, below), else argparse's one-line error and exit 2."""
+    def convert(text: str):
+        value = kind(float(text)) if kind is int and "e" in text.lower() else kind(text)
+        for key, bound in limits.items():
+            words, holds = RANGE_WORDS[key]
+            if not holds(value, bound):
+                raise argparse.ArgumentTypeError(f"{text}: must be {words} {bound:g}")
+        return value
+
+    convert.__name__ = kind.__name__  # argparse names the type in its message
+    return convert
+
+
 class Checked:
     """A verb's options whose ranges are checked as soon as they are made."""
 
@@ -149,5 +164,5 @@ def to_argv(options, cls: type | None = None, skip: tuple[str, ...] = ("data",))
     return argv_for(cls or type(options), **{name: getattr(options, name) for name in names})
 
 
-__all__ = ["Checked", "add_options", "argv_for", "check_ranges", "flag_of", "from_args", "to_argv", "option",
+__all__ = ["Checked", "ranged", "add_options", "argv_for", "check_ranges", "flag_of", "from_args", "to_argv", "option",
            "parse_count", "same_as"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hitoban.errors import UsageError
+from hitoban.training.options import ranged
 from hitoban.verbs import parse_pairs, verb
 
 
@@ -22,18 +23,19 @@ def _corpus_args(p):
     p.add_argument("--encoding", default="utf-8", help="text encoding of the local input")
     p.add_argument("--errors", default="strict", choices=["strict", "replace", "ignore"],
                    help="what to do with undecodable bytes (default: stop and name the file and offset)")
-    p.add_argument("--target-chars", type=float, help="stop after this many characters (default: everything)")
+    p.add_argument("--target-chars", type=ranged(float, above=0),
+                   help="stop after this many characters (default: everything)")
     p.add_argument("--share", action="append", metavar="NAME=FRACTION",
                    help="share of the target per source (default aozora=0.10 when mixed, the rest split evenly)")
-    p.add_argument("--min-chars", type=int, default=200, help="shorter documents are rejected (3LM)")
-    p.add_argument("--max-chars", type=int, default=20_000, help="longer documents are truncated")
-    p.add_argument("--min-ja-ratio", type=float, default=0.70,
+    p.add_argument("--min-chars", type=ranged(int, min=0), default=200, help="shorter documents are rejected (3LM)")
+    p.add_argument("--max-chars", type=ranged(int, min=1), default=20_000, help="longer documents are truncated")
+    p.add_argument("--min-ja-ratio", type=ranged(float, min=0, max=1), default=0.70,
                    help="documents with a smaller share of Japanese characters are rejected (3LM)")
-    p.add_argument("--near-dup", type=float, default=0.85,
+    p.add_argument("--near-dup", type=ranged(float, above=0, max=1), default=0.85,
                    help="MinHash-LSH Jaccard threshold for near-duplicates (0 turns it off)")
     p.add_argument("--keep-newlines", action="store_true", help="keep line breaks (3LM joins lines with spaces)")
     p.add_argument("--no-pii-mask", action="store_true", help="do not mask e-mails / phone numbers (not advised)")
-    p.add_argument("--seed", type=int, default=1234, help="seed for sampling Hub sources")
+    p.add_argument("--seed", type=ranged(int, min=0), default=1234, help="seed for sampling Hub sources")
 
 
 @verb("corpus", "build a filtered, PII-masked, licence-tracked corpus from local files or pinned Hub datasets")(
@@ -61,12 +63,15 @@ def _corpus(args) -> int:
 def _tokenizer_args(p):
     p.add_argument("--corpus", required=True, help="a folder built by `hitoban corpus`")
     p.add_argument("--out", required=True, help="new tokenizer folder (AutoTokenizer.from_pretrained loads it)")
-    p.add_argument("--vocab-size", type=int, default=32000, help="pieces, including special and byte pieces")
-    p.add_argument("--max-chars", type=float, default=300e6, help="character budget of the training sample")
+    p.add_argument("--vocab-size", type=ranged(int, min=260), default=32000,
+                   help="pieces, including special and byte pieces")
+    p.add_argument("--max-chars", type=ranged(float, above=0), default=300e6,
+                   help="character budget of the training sample")
     p.add_argument("--source-cap", action="append", metavar="NAME=CHARS",
                    help="at most CHARS sample characters from one source (zxell's per-language caps)")
-    p.add_argument("--context", type=int, default=512, help="model_max_length recorded in the tokenizer")
-    p.add_argument("--seed", type=int, default=1234, help="seed for the training sample and SentencePiece")
+    p.add_argument("--context", type=ranged(int, min=2), default=512, help="model_max_length recorded in the tokenizer")
+    p.add_argument("--seed", type=ranged(int, min=0), default=1234,
+                   help="seed for the training sample and SentencePiece")
 
 
 @verb("tokenizer", "train a Unigram tokenizer (SentencePiece trainer, tokenizers runtime) with a chat template")(
@@ -86,12 +91,16 @@ def _shards_args(p):
     p.add_argument("--tokenizer", help="a tokenizer folder (with --verify: also check the shards use it)")
     p.add_argument("--out", help="new shard folder")
     p.add_argument("--verify", metavar="SHARDS", help="re-hash and check every invariant of SHARDS, then exit")
-    p.add_argument("--shard-tokens", type=int, default=50_000_000, help="tokens per train shard file")
-    p.add_argument("--val-every", type=int, default=400, help="per source, document k%%N==0 -> val, ==1 -> test")
-    p.add_argument("--max-heldout-docs", type=int, default=2000, help="cap on val (and on test) documents")
-    p.add_argument("--context", type=int, default=512, help="refuse a train split shorter than one window")
+    p.add_argument("--shard-tokens", type=ranged(int, min=1), default=50_000_000, help="tokens per train shard file")
+    p.add_argument("--val-every", type=ranged(int, min=2), default=400,
+                   help="per source, document k%%N==0 -> val, ==1 -> test")
+    p.add_argument("--max-heldout-docs", type=ranged(int, min=0), default=2000,
+                   help="cap on val (and on test) documents")
+    p.add_argument("--context", type=ranged(int, min=2), default=512,
+                   help="refuse a train split shorter than one window")
     p.add_argument("--dtype", choices=["uint16", "uint32"], help="default: uint16 when the vocab fits")
-    p.add_argument("--seed", type=int, default=1234, help="recorded in the index (the split rule is by position)")
+    p.add_argument("--seed", type=ranged(int, min=0), default=1234,
+                   help="recorded in the index (the split rule is by position)")
 
 
 @verb("shards", "tokenize a corpus into verified zxell-format shards, or --verify a shard folder")(_shards_args)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from hitoban.errors import ExitCode, UsageError
+from hitoban.training.options import ranged
 from hitoban.verbs import parse_pairs, verb
 
 
@@ -19,15 +20,18 @@ def _eval_args(p):
 @verb("eval", "evaluate models: cross-domain bits/char table (JSON + Markdown + PNG)")(_eval_args)
 def _eval(args) -> int:
     from hitoban.evaluation.bpc import cross_domain, write_outputs
+    from hitoban.evaluation.options import EvalOptions
+    from hitoban.training.options import from_args
 
-    if args.kind == "gen":
-        return _eval_gen(args)
-    args.out = args.out or "bpc.json"
-    domains = parse_pairs(args.domain, str)
-    if not domains and not args.shards:
+    options = from_args(EvalOptions, args)  # ranges checked before anything is read
+    if options.kind == "gen":
+        return _eval_gen(options)
+    out = options.out or "bpc.json"
+    domains = parse_pairs(options.domain, str)
+    if not domains and not options.shards:
         raise UsageError("give at least one --domain NAME=PATH (or --shards SHARDS)")
-    result = cross_domain(args.models, domains, args.max_chars or None, shards=args.shards)
-    paths = write_outputs(result, args.out)
+    result = cross_domain(options.models, domains, options.max_chars or None, shards=options.shards)
+    paths = write_outputs(result, out)
     print(Path(paths[1]).read_text(encoding="utf-8"))
     print("written: " + ", ".join(str(p) for p in paths))
     return 0
@@ -56,8 +60,9 @@ def _eval_gen(args) -> int:
 def _compare_args(p):
     p.add_argument("models", nargs="+", metavar="MODEL", help="from_pretrained folders (with tokenizer)")
     p.add_argument("--out", default="compare", help="folder for compare.json and compare.png")
-    p.add_argument("--max-new-tokens", type=int, default=90, help="tokens generated per reply")
-    p.add_argument("--seed", type=int, default=777, help="prompt i is sampled with seed + i in every model")
+    p.add_argument("--max-new-tokens", type=ranged(int, min=1), default=90, help="tokens generated per reply")
+    p.add_argument("--seed", type=ranged(int, min=0), default=777,
+                   help="prompt i is sampled with seed + i in every model")
 
 
 @verb("compare", "same prompts, same seeds through several models (chat + raw continuation): JSON + PNG")(
@@ -80,20 +85,32 @@ def _leaks_args(p):
     p.add_argument("--out", help="JSON report")
     p.add_argument("--engine", choices=["sampled-grams", "hyperscan", "ahocorasick-rs"],
                    help="default: sampled-grams (NumPy) for probes of >= 23 bytes, else hyperscan when installed")
+    p.add_argument("--encoding", default="utf-8",
+                   help="the corpus text files' encoding (e.g. shift_jis, cp932); they are compared as text, so a "
+                        "file that does not decode is refused, never reported clean")
 
 
 @verb("leaks", "exact scan of corpora for held-out text (exit 1 when anything leaks)")(_leaks_args)
 def _leaks(args) -> int:
+    import codecs
+
     from hitoban.evaluation.leaks import scan_for_leaks
+
+    try:
+        codecs.lookup(args.encoding)
+    except LookupError:
+        raise UsageError(f"--encoding {args.encoding}: not an encoding Python knows") from None
 
     def show(row):
         lines = row["affected_holdout_lines"]
         how = ", ".join(f"{k} {len(v)}" for k, v in row["found_by"].items())
-        print(f"{row['corpus']}: {row['bytes']:,} bytes, {len(lines)} held-out lines found {lines[:20]}"
+        print(f"{row['corpus']}: {row['bytes']:,} bytes ({row['text_bytes']:,} read as {row['encoding']} text), "
+              f"{len(lines)} held-out lines found {lines[:20]}"
               f"{' ...' if len(lines) > 20 else ''}{f' (by {how})' if how else ''} ({row['engine']}, "
               f"{row['mib_per_s']} MiB/s)")
 
-    report = scan_for_leaks(args.holdout, args.corpus, engine=args.engine, progress=show, out=args.out)
+    report = scan_for_leaks(args.holdout, args.corpus, engine=args.engine, progress=show, out=args.out,
+                            encoding=args.encoding)
     coverage = report["coverage"]
     print(f"{report['holdout']}: {coverage['probed_lines']} of {coverage['lines']} held-out lines probed "
           f"({', '.join(f'{k} {v}' for k, v in coverage['by'].items())}; {report['probes']} probes, "
@@ -107,14 +124,16 @@ def _pii_args(p):
     p.add_argument("--corpus", nargs="+", required=True,
                    help="the training corpus: text files or `hitoban corpus` folders (with --canaries: the small "
                         "corpus to plant fake contacts into)")
-    p.add_argument("--samples", type=int, default=60, help="distinct contacts to try (3LM: 60)")
-    p.add_argument("--max-new-tokens", type=int, default=40, help="greedy tokens generated per attack (3LM: 40)")
-    p.add_argument("--canaries", type=int, metavar="N",
+    p.add_argument("--samples", type=ranged(int, min=1), default=60, help="distinct contacts to try (3LM: 60)")
+    p.add_argument("--max-new-tokens", type=ranged(int, min=1), default=40,
+                   help="greedy tokens generated per attack (3LM: 40)")
+    p.add_argument("--canaries", type=ranged(int, min=1), metavar="N",
                    help="sensitivity control: plant N fake contacts at --repetitions, train a tiny model on the "
                         "planted copy and one on the clean copy, attack both")
     p.add_argument("--repetitions", default="1,4,16,64", help="comma-separated repetition counts for --canaries")
-    p.add_argument("--steps", type=int, default=400, help="--canaries: training steps per tiny model")
-    p.add_argument("--seed", type=int, default=0, help="--canaries: seed for the fakes, their placement and models")
+    p.add_argument("--steps", type=ranged(int, min=1), default=400, help="--canaries: training steps per tiny model")
+    p.add_argument("--seed", type=ranged(int, min=0), default=0,
+                   help="--canaries: seed for the fakes, their placement and models")
     p.add_argument("--out", help="JSON report (masked values only); with --canaries a folder (default pii-canaries)")
 
 

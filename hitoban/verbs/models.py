@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hitoban.errors import ExitCode
+from hitoban.training.options import ranged
 from hitoban.verbs import print_json, verb
 
 
@@ -54,8 +55,9 @@ def _import(args) -> int:
 
 def _kvcache_args(p):
     p.add_argument("--model", help="a from_pretrained folder (default: a random tiny model)")
-    p.add_argument("--steps", type=int, default=12, help="decoding steps compared")
-    p.add_argument("--atol", type=float, default=1e-5, help="largest allowed |cached - recomputed| logit")
+    p.add_argument("--steps", type=ranged(int, min=1), default=12, help="decoding steps compared")
+    p.add_argument("--atol", type=ranged(float, above=0), default=1e-5,
+                   help="largest allowed |cached - recomputed| logit")
     p.add_argument("--break-rope-offset", action="store_true",
                    help="negative control: feed new tokens at position 0; the check must then FAIL")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hitoban.errors import ExitCode
+from hitoban.training.options import ranged
 from hitoban.verbs import verb
 
 
@@ -64,7 +65,7 @@ def _killtest(args) -> int:
 
 def _watch_args(p):
     p.add_argument("run", help="a pretraining run folder")
-    p.add_argument("--interval", type=float, default=10.0, help="seconds between refreshes")
+    p.add_argument("--interval", type=ranged(float, above=0), default=10.0, help="seconds between refreshes")
     p.add_argument("--once", action="store_true", help="print once and exit")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hitoban.training.options import ranged
 from hitoban.verbs import verb
 
 
@@ -10,9 +11,9 @@ def _doctor_args(p):
     p.add_argument("--cpu", action="store_true",
                    help="the quick install check on the CPU instead (tokenizer, a tiny model trained --steps steps, "
                         "generation, save and reload)")
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("--steps", type=ranged(int, min=1), default=None,
                    help="training steps (default: 40 for the device check's kill test, 200 for --cpu)")
-    p.add_argument("--seed", type=int, default=0, help="seed for the tiny model and its batches")
+    p.add_argument("--seed", type=ranged(int, min=0), default=0, help="seed for the tiny model and its batches")
     p.add_argument("--plant-fault", choices=("drop-optimizer-state",), default=None,
                    help="prove the check can fail: the kill test's resume drops the optimizer state (must FAIL)")
 
@@ -41,7 +42,7 @@ def _demo_args(p):
                         "Bunko or FineWeb-2 (network), or your own files")
     p.add_argument("--quick", action="store_true", help="fewer steps everywhere (CI); every stage still runs")
     p.add_argument("--cpu", action="store_true", default=None, help="stay on the CPU even with a GPU/MPS")
-    p.add_argument("--seed", type=int, default=0, help="one seed for every stage")
+    p.add_argument("--seed", type=ranged(int, min=0), default=0, help="one seed for every stage")
     p.add_argument("--force", action="store_true", help="replace --out if an earlier `hitoban demo` made it")
     p.add_argument("--until", metavar="STAGE", help="stop after this stage (corpus, tokenizer, shards, calibrate, "
                                                     "pretrain, sft, eval, leaks, pii, card, upload)")

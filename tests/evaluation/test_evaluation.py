@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import warnings
 
 import numpy as np
@@ -195,6 +196,33 @@ def test_bad_leak_inputs_are_named(tmp_path):
         scan_for_leaks(holdout, [tmp_path / "missing.txt"])
 
 
+def test_a_corpus_in_another_encoding_is_decoded_or_refused_never_clean(tmp_path, capsys):
+    """Issue 25: a Shift_JIS or binary corpus was scanned as bytes and reported "no leak"; a Shift_JIS copy of the
+    held-out file itself found 1 of its lines. Now such a file is refused with its byte offset, or decoded with
+    --encoding and then found, and the report counts the bytes read as text."""
+    holdout = tmp_path / "holdout.txt"
+    holdout.write_text(HOLDOUT_LINE + "\n", encoding="utf-8")
+    copy = tmp_path / "copy-sjis.txt"
+    copy.write_text(FILLER * 20 + HOLDOUT_LINE + "\n" + FILLER * 20, encoding="shift_jis")
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(bytes(range(256)) * 64)
+    for corpus in (copy, binary):
+        with pytest.raises(LeakScanError, match=r"not valid utf-8 text at byte offset \d+.*--encoding"):
+            scan_for_leaks(holdout, [corpus])
+    report = scan_for_leaks(holdout, [copy], encoding="shift_jis")
+    row = report["corpora"][0]
+    assert report["leaked"] and row["affected_holdout_lines"] == [1]
+    assert row["text_bytes"] == copy.stat().st_size and row["encoding"] == "shift_jis"
+    assert main(["leaks", "--holdout", str(holdout), "--corpus", str(copy)]) == 2
+    assert "byte offset" in capsys.readouterr().err
+    assert main(["leaks", "--holdout", str(holdout), "--corpus", str(copy), "--encoding", "shift_jis"]) == 1
+    assert main(["leaks", "--holdout", str(holdout), "--corpus", str(copy), "--encoding", "klingon"]) == 2
+    sjis_holdout = tmp_path / "holdout-sjis.txt"  # the held-out file itself in another encoding: refused by name
+    sjis_holdout.write_text(HOLDOUT_LINE + "\n", encoding="shift_jis")
+    with pytest.raises(InputError, match="holdout-sjis.txt: not valid utf-8 at byte offset"):
+        scan_for_leaks(sjis_holdout, [copy])
+
+
 # ------------------------------------------------------------------------------------------------ bits per char
 
 def test_bits_per_char_by_hand_on_a_short_text(tiny_model_dir):
@@ -262,7 +290,7 @@ def test_shard_domains_are_whole_documents(tiny_shards):
             assert len(documents) == 1 or sum(map(len, documents)) <= cap
 
 
-def test_cross_domain_table_json_markdown_png(tiny_model_dir, corpus, tmp_path, tiny_shards):
+def test_cross_domain_table_json_markdown_png(tiny_model_dir, corpus, tmp_path, tiny_shards, pretrained):
     literature = sorted((corpus / "literature").glob("0*.txt"))[-1]
     assert main(["eval", "bpc", str(tiny_model_dir), "--domain", f"literature={literature}", "--domain",
                  f"dialogue={corpus / '3lm-eval' / 'holdout_clean.txt'}", "--max-chars", "30000", "--out",
@@ -280,10 +308,24 @@ def test_cross_domain_table_json_markdown_png(tiny_model_dir, corpus, tmp_path, 
     rows = shard_domain_bpc(model, tok, tiny_shards, max_tokens=5000)
     assert rows and rows[0]["domain"] == "literature" and np.isfinite(rows[0]["bits_per_char"])
     write_outputs({"records": [{"model": "m", **rows[0]}]}, tmp_path / "val.json")
-    assert main(["eval", "bpc", str(tiny_model_dir), "--shards", str(tiny_shards), "--out",
-                 str(tmp_path / "val-cli.json")]) == 0
+    assert main(["eval", "bpc", str(pretrained), "--shards", str(tiny_shards), "--out",
+                 str(tmp_path / "val-cli.json")]) == 0  # a model trained on these shards, with their tokenizer
     records = json.loads((tmp_path / "val-cli.json").read_text())["records"]
     assert [r["domain"] for r in records] == ["val:literature"] and np.isfinite(records[0]["bits_per_char"])
+
+
+def test_bits_per_char_refuses_shards_of_another_tokenizer(tiny_model_dir, tiny_shards, pretrained, tmp_path, capsys):
+    """Issue 25: shards encoded with another tokenizer gave exit 0 and a bits/char table computed on ids that mean
+    other pieces. The index records its tokenizer's sha256; a model whose tokenizer differs is refused."""
+    assert main(["eval", "bpc", str(tiny_model_dir), "--shards", str(tiny_shards), "--out",
+                 str(tmp_path / "x.json")]) == 2
+    assert "encoded with another tokenizer" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
+    # control: the same tokenizer saved again (other formatting, as the Trainer re-saves it after SFT) is accepted
+    resaved = tmp_path / "resaved"
+    shutil.copytree(pretrained, resaved)
+    data = json.loads((resaved / "tokenizer.json").read_text(encoding="utf-8"))
+    (resaved / "tokenizer.json").write_text(json.dumps(data, indent=4, ensure_ascii=True), encoding="utf-8")
+    assert main(["eval", "bpc", str(resaved), "--shards", str(tiny_shards), "--out", str(tmp_path / "ok.json")]) == 0
 
 
 # ------------------------------------------------------------------------------------------------ generation metrics

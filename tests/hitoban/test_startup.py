@@ -138,12 +138,12 @@ def test_leak_scan_read_ahead_keeps_order_and_hash_stops_early_and_raises_the_re
 
     from hitoban.evaluation.leaks import LeakScanError, corpus_chunks, read_ahead, scan_for_leaks
 
-    data = bytes(range(256)) * 4000
-    (tmp_path / "big.bin").write_bytes(data)
+    data = "".join(f"{i}行目の文章、" for i in range(40_000)).encode("utf-8")  # 1000-byte chunks split characters
+    (tmp_path / "big.txt").write_bytes(data)
     digest = hashlib.sha256()
-    assert b"".join(read_ahead(corpus_chunks(tmp_path / "big.bin", 1000, digest))) == data
+    assert b"".join(read_ahead(corpus_chunks(tmp_path / "big.txt", 1000, digest))) == data
     assert digest.hexdigest() == hashlib.sha256(data).hexdigest()
-    chunks = read_ahead(corpus_chunks(tmp_path / "big.bin", 1000), depth=1)
+    chunks = read_ahead(corpus_chunks(tmp_path / "big.txt", 1000), depth=1)
     assert next(chunks) == data[:1000]
     chunks.close()
     assert not [t for t in threading.enumerate() if t.name == "hitoban-leaks-read-ahead"]

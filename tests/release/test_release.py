@@ -508,6 +508,33 @@ def test_upload_to_the_hub_double_sends_exactly_the_allow_list(release_dir, hub,
     assert "refs/pr/1" in repo.branches and '"pr_url"' in again.stdout
 
 
+def test_a_link_out_of_the_folder_is_refused_by_name_and_the_scan_reads_what_it_would_send(release_dir, tmp_path,
+                                                                                            capsys):
+    """Issue 25: huggingface_hub follows symbolic links, so a link to /etc/passwd or to a token outside the folder
+    would send the target. Both links are refused by name, by the upload and by the secret scan."""
+    from hitoban.cli import main
+
+    token = tmp_path / "token.txt"
+    token.write_text("HF_TOKEN=hf_" + "q" * 34 + "\n")
+    (release_dir / "LICENSE").symlink_to("/etc/passwd")
+    (release_dir / "NOTICE").symlink_to(token)
+    assert main(["upload", str(release_dir), "--repo", "someone/hitoban-tiny", "--dry-run", "--i-know", "test"]) == 1
+    out = capsys.readouterr()
+    assert f"LICENSE -> {os.path.realpath('/etc/passwd')}" in out.out and f"NOTICE -> {token}" in out.out
+    assert main(["secrets", str(release_dir)]) == 1
+    assert "link-outside-folder" in capsys.readouterr().out
+    # controls: a link inside the folder is uploaded, and what it points to is scanned as the upload would send it
+    for name in ("LICENSE", "NOTICE"):
+        (release_dir / name).unlink()
+    (release_dir / "NOTICE").symlink_to(release_dir / "README.md")
+    assert main(["upload", str(release_dir), "--repo", "someone/hitoban-tiny", "--dry-run"]) == 0
+    capsys.readouterr()
+    (release_dir / "notes.txt").write_text("HF_TOKEN=hf_" + "q" * 34 + "\n")
+    (release_dir / "LICENSE").symlink_to(release_dir / "notes.txt")
+    assert main(["upload", str(release_dir), "--repo", "someone/hitoban-tiny", "--dry-run"]) == 1
+    assert "LICENSE:1 [hf-token]" in capsys.readouterr().out
+
+
 def test_refused_upload_sends_nothing(release_dir, hub, tmp_path):
     (release_dir / "README.md").unlink()
     done = run_cli(["upload", str(release_dir), "--repo", "someone/nope"], hub, tmp_path)

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hitoban.errors import InputError
+from hitoban.training.data.text import read_text
 
 LINE_FORMAT = re.compile(r"<\|user\|>(.*?)<\|assistant\|>(.*?)<\|end\|>", re.DOTALL)
 
@@ -94,24 +95,23 @@ def read_conversations(paths: list[str | Path], skip_bad: bool = False) -> tuple
         if not path.is_file():
             raise ChatDataError(f"{path}: no such file")
         found = 0
-        with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    conversations.append(parse_line(line, path.suffix, f"{path.name}:{number}"))
-                    found += 1
-                except ChatDataError:
-                    if not skip_bad:
-                        raise
-                    bad += 1
+        for number, line in enumerate(read_text(path, "chat data").split("\n"), 1):
+            if not line.strip():
+                continue
+            try:
+                conversations.append(parse_line(line, path.suffix, f"{path.name}:{number}"))
+                found += 1
+            except ChatDataError:
+                if not skip_bad:
+                    raise
+                bad += 1
         if found == 0:
             raise ChatDataError(f"{path.name}: no conversations" + (f" ({bad} bad lines skipped)" if bad else ""))
     return conversations, {"bad_lines": bad, "files": [Path(p).name for p in paths]}
 
 
 def read_holdout_pairs(path: str | Path) -> list[tuple[str, str]]:
-    text = Path(path).read_text(encoding="utf-8")
+    text = read_text(path, "held-out chats (--exclude)")
     return [(normalise(q), normalise(a)) for q, a in LINE_FORMAT.findall(text)]
 
 

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from hitoban.errors import InputError, OutputExistsError
 from hitoban.provenance import hitoban_version
 from hitoban.training.data.filters import DocumentFilter, FilterSettings, PIIMasker
+from hitoban.training.data.text import decode_error, read_text, require_file
 
 # Pinned revisions (3LM's): a rebuilt corpus is the same corpus.
 HUB_SOURCES = {
@@ -100,18 +101,13 @@ class Source:
             yield row[self.text_field]
 
     def _decode_error(self, path: Path, err: UnicodeDecodeError, offset: int) -> CorpusInputError:
-        return CorpusInputError(
-            f"{path.name}: not valid {self.encoding} at byte offset {offset + err.start} ({err.reason}); "
-            "pass --encoding ENCODING if the file uses another encoding, or --errors replace to substitute "
-            "undecodable bytes"
-        )
+        return CorpusInputError(str(decode_error(path, err, offset, self.encoding)))
 
     def _read_whole(self, path: Path) -> str:
-        data = path.read_bytes()
         try:
-            return data.decode(self.encoding, errors=self.errors)
-        except UnicodeDecodeError as err:
-            raise self._decode_error(path, err, 0) from None
+            return read_text(path, "corpus file", self.encoding, self.errors)
+        except InputError as err:
+            raise CorpusInputError(str(err)) from None
 
     def _raw_lines(self, path: Path) -> Iterator[tuple[int, str]]:
         """(line number, decoded line), decoding per line so an error can name its exact byte offset."""
@@ -304,4 +300,7 @@ def iter_corpus(corpus: str | os.PathLike) -> Iterator[dict]:
 
 
 def load_manifest(corpus: str | os.PathLike) -> dict:
-    return json.loads((Path(corpus) / "manifest.json").read_text(encoding="utf-8"))
+    """A corpus folder's manifest, or one line saying the folder is not a corpus and which verb makes one."""
+    path = require_file(Path(corpus) / "manifest.json", f"--corpus {corpus} is not a hitoban corpus folder",
+                        made_by="`hitoban corpus --input FILES --out FOLDER`")
+    return json.loads(read_text(path, "manifest"))

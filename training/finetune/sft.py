@@ -9,14 +9,16 @@ plain `transformers.Trainer` + `DataCollatorForSeq2Seq`; the base model's tokeni
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from pathlib import Path
 
 import torch
 from transformers import DataCollatorForSeq2Seq
 
-from hitoban.errors import InputError, UsageError
-from hitoban.provenance import sha256_file, write_json, write_lineage
+from hitoban.errors import InputError, MissingInputError, OutputExistsError, UsageError
+from hitoban.provenance import sha256_file, weights_sha256, write_json, write_lineage
 from hitoban.training.data.chat import ChatFilter, read_conversations, read_holdout_pairs
 from hitoban.training.finetune.lora import save_adapter_and_merged, with_adapter
 from hitoban.training.finetune.options import FinetuneOptions
@@ -95,6 +97,41 @@ def check_mask(tokenizer, conversations=None, corruption: str | None = None, log
     return not failures
 
 
+RECORD = "finetune.json"  # in --out: what this fine-tune is, so that only the same fine-tune resumes there
+# Options that may change when a fine-tune resumes (its length); every other option must be the recorded one.
+RESUMABLE_CHANGES = ("epochs", "max_steps", "eval_steps", "skip_bad")
+
+
+def fine_tune_record(options: FinetuneOptions) -> dict:
+    """What tells this fine-tune apart: its stage, the base weights, every data and holdout file, its options."""
+    fields = {k: v for k, v in dataclasses.asdict(options).items()
+              if k not in ("base", "data", "exclude", "out") and k not in RESUMABLE_CHANGES}
+    return {"stage": options.stage, "base_weights_sha256": weights_sha256(options.base),
+            "data_sha256": [sha256_file(path) for path in options.data],
+            "exclude_sha256": [sha256_file(path) for path in options.exclude], **fields}
+
+
+def claim_output(options: FinetuneOptions, record: dict) -> None:
+    """--out must be new, or this same fine-tune's folder (then it resumes): never the base model, another run's
+    folder or a model someone saved there, which the Trainer would overwrite."""
+    out, base = Path(options.out), Path(options.base)
+    if out.resolve() == base.resolve():
+        raise OutputExistsError(f"--out {out} is the base model itself; fine-tuning would overwrite its weights: "
+                                "choose a new folder")
+    if out.exists() and any(out.iterdir()):
+        if not (out / RECORD).is_file():
+            raise OutputExistsError(f"{out} already exists and holds no {options.stage} of this base (no {RECORD}): "
+                                    "choose a new --out, or remove the folder to start over")
+        saved = json.loads((out / RECORD).read_text(encoding="utf-8"))
+        changed = sorted(k for k in record.keys() | saved.keys() if record.get(k) != saved.get(k))
+        if changed:
+            raise OutputExistsError(f"{out} holds another fine-tune (different {', '.join(changed)}); resuming it "
+                                    "with these data and options would mix two runs: choose a new --out, or remove "
+                                    "the folder to start over")
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / RECORD, record)
+
+
 class CheckedCollator(DataCollatorForSeq2Seq):
     """Pads input_ids/attention_mask with pad and labels with -100; refuses degenerate batches."""
 
@@ -129,6 +166,10 @@ def finetune(options: FinetuneOptions, *, save_total_limit: int = 2, resume: boo
         raise MaskError(f"{base}: the base folder needs its tokenizer and chat template (tokenizer.json, "
                         "chat_template.jinja); fine-tuning never retrains the tokenizer")
     tok = AutoTokenizer.from_pretrained(base)
+    for flag, paths in (("--data", data), ("--exclude", o.exclude)):
+        for path in paths:
+            if not Path(path).is_file():
+                raise MissingInputError(f"{path}: no such file (given to {flag})")
     conversations, read_info = read_conversations(data, o.skip_bad)
     holdout = [pair for path in o.exclude for pair in read_holdout_pairs(path)]
     chat_filter = ChatFilter(o.filters(), holdout)
@@ -137,6 +178,7 @@ def finetune(options: FinetuneOptions, *, save_total_limit: int = 2, resume: boo
         f"{len(kept)} kept; rejected {dict(chat_filter.rejected)}")
     if len(kept) < 2:
         raise MaskError(f"only {len(kept)} conversations survive the filters; nothing to train on")
+    claim_output(o, fine_tune_record(o))  # before anything is written there
     model = AutoModelForCausalLM.from_pretrained(base)
     max_length = model.config.max_position_embeddings
     if lora is not None:

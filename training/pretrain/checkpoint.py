@@ -9,6 +9,7 @@ leaves CURRENT naming an intact slot. A slot without COMPLETE is never loaded: c
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from hitoban.errors import HitobanError
@@ -183,11 +185,16 @@ def save_checkpoint(run: Path, model, optimizer, train_state: TrainState, tokeni
         _write_text(run / "CURRENT.tmp", target.name + "\n")
         os.replace(run / "CURRENT.tmp", run / "CURRENT")
         _fsync_dir(run)
-    except OSError as err:
+    except (OSError, SafetensorError) as err:
         shutil.rmtree(target, ignore_errors=True)  # never leave a half-written slot behind
         kept = f"the last good checkpoint ({named.name}) is untouched" if named else "no earlier checkpoint existed"
-        raise CheckpointError(f"could not save a checkpoint in {run}: {err.strerror or err}; {kept}. "
-                              "Free disk space or fix permissions, then resume with --resume auto") from err
+        if getattr(err, "errno", None) == errno.ENOSPC or "No space left" in str(err) or "os error 28" in str(err):
+            need = sum(f.stat().st_size for f in named.iterdir()) if named else 0
+            raise CheckpointError(f"could not save a checkpoint in {run}: No space left on device; {kept}. The disk is "
+                                  f"full: a checkpoint takes about {need / 2**20:,.0f} MiB, free at least that much "
+                                  f"on the disk holding {run}, then resume with --resume auto") from err
+        raise CheckpointError(f"could not save a checkpoint in {run}: {getattr(err, 'strerror', None) or err}; "
+                              f"{kept}. Free disk space or fix permissions, then resume with --resume auto") from err
     except BaseException:  # any other failure (or Ctrl-C) mid-save: no half-written slot either
         shutil.rmtree(target, ignore_errors=True)
         raise
@@ -208,6 +215,125 @@ def load_checkpoint(slot: Path, model, optimizer) -> tuple[TrainState, bool]:
     if restored:
         load_optimizer_tensors(model, optimizer, load_file(str(slot / "optimizer.safetensors")))
     return train_state, restored
+
+
+def other_slot(run: Path, slot: Path) -> Path | None:
+    """The complete slot that is not `slot`, if there is one: the previous checkpoint."""
+    other = Path(run) / (SLOTS[1] if slot.name == SLOTS[0] else SLOTS[0])
+    return other if (other / "COMPLETE").exists() and (other / "model.safetensors").exists() else None
+
+
+def load_latest(run: Path, model, optimizer, check=lambda state: {}, log=print
+                ) -> tuple[Path, TrainState, bool, dict]:
+    """Load the newest complete slot, after `check(its train state)` (which refuses a changed trajectory and
+    returns the allowed changes); if the slot's files are damaged (a truncated file, a fault after COMPLETE), the
+    previous slot instead, saying so. Returns (slot, train state, optimizer state restored?, changes)."""
+    slot = current_slot(run)
+
+    def load(slot: Path) -> tuple[Path, TrainState, bool, dict]:
+        changes = check(TrainState.read(slot))
+        state, restored = load_checkpoint(slot, model, optimizer)
+        return slot, state, restored, changes
+
+    damaged = (SafetensorError, OSError, ValueError)  # ValueError: a train_state.json cut short
+    try:
+        return load(slot)
+    except damaged as err:
+        previous = other_slot(run, slot)
+        if previous is None:
+            raise CheckpointError(f"{slot} is damaged ({err}) and no other complete checkpoint exists in {run}; "
+                                  "start over with --resume never") from err
+        log(f"warning: {slot.name} is damaged ({err}); resuming from {previous.name}, the checkpoint before it")
+        try:
+            return load(previous)
+        except damaged as again:
+            raise CheckpointError(f"both checkpoints in {run} are damaged ({slot.name}: {err}; {previous.name}: "
+                                  f"{again}): no other complete checkpoint to resume; start over with --resume "
+                                  "never") from again
+
+
+PREVIOUS_RUN = "previous-run"  # --resume never: the replaced run, kept until the new one has saved
+RUN_FILES = ("CURRENT", "ckpt-A", "ckpt-B", "final", "log.jsonl", "heartbeat.json", "summary.json", "config.json")
+
+
+def set_aside(run: Path) -> list[str]:
+    """--resume never: move the earlier run's files into RUN/previous-run (renames: nothing is copied or lost) so a
+    later --resume auto can never mistake them for this run's. If a previous `never` run stopped before its first
+    save, the run set aside then is still the one to keep: only that attempt's leftovers are removed."""
+    run, previous = Path(run), Path(run) / PREVIOUS_RUN
+    present = [name for name in RUN_FILES if (run / name).exists()]
+    if previous.exists() and not (run / "CURRENT").exists():
+        for name in present:
+            shutil.rmtree(run / name) if (run / name).is_dir() else (run / name).unlink()
+        return []
+    if not present:
+        return []
+    shutil.rmtree(previous, ignore_errors=True)
+    previous.mkdir()
+    for name in present:
+        os.replace(run / name, previous / name)
+    _fsync_dir(run)
+    return present
+
+
+def restore_set_aside(run: Path) -> bool:
+    """A `--resume never` run stopped before its first save leaves only RUN/previous-run: put it back, so that
+    the folder's last complete checkpoint is the one resumed. True if it did."""
+    run, previous = Path(run), Path(run) / PREVIOUS_RUN
+    if not previous.is_dir() or (run / "CURRENT").exists():
+        return False
+    for item in previous.iterdir():
+        if (run / item.name).exists():
+            shutil.rmtree(run / item.name) if (run / item.name).is_dir() else (run / item.name).unlink()
+        os.replace(item, run / item.name)
+    previous.rmdir()
+    return True
+
+
+def drop_set_aside(run: Path) -> bool:
+    """After this run's first complete checkpoint the replaced run is no longer needed."""
+    previous = Path(run) / PREVIOUS_RUN
+    if previous.exists():
+        shutil.rmtree(previous)
+        return True
+    return False
+
+
+class RunBusy(CheckpointError):
+    """Another process is training in this run folder."""
+
+
+class RunLock:
+    """One process trains in a run folder at a time: two nights in one folder overwrite each other's slots. An
+    advisory lock (flock) on RUN/LOCK, which the kernel releases when its process dies, so a killed run never
+    blocks its own resume; the file names the holder's pid. (No lock where fcntl does not exist: Windows.)"""
+
+    def __init__(self, run: Path):
+        self.path, self.fd = Path(run) / "LOCK", None
+
+    def acquire(self) -> RunLock:
+        try:
+            import fcntl
+        except ImportError:
+            return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise RunBusy(f"{self.path.parent} is in use: another hitoban pretrain (pid {holder}) is training there; "
+                          "wait for it, or stop it (Ctrl-C saves at the next step) and resume") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = None
 
 
 STRUCTURAL = ("model_config", "tokenizer_sha256", "data_index_sha256")  # never changeable on resume

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import time
 import uuid
 from pathlib import Path
@@ -44,13 +43,18 @@ from hitoban.training.nll import token_nats
 from hitoban.training.pretrain.budget import memory_preflight, steps_for_hours
 from hitoban.training.pretrain.checkpoint import (
     DETERMINISTIC_ENV,
+    PREVIOUS_RUN,
     CheckpointError,
+    RunLock,
     TrainState,
     check_resumable,
     current_slot,
+    drop_set_aside,
     export_final,
-    load_checkpoint,
+    load_latest,
+    restore_set_aside,
     save_checkpoint,
+    set_aside,
 )
 from hitoban.training.pretrain.monitor import Monitor, TrainingDiverged
 from hitoban.training.pretrain.optim import build_optimizer
@@ -133,47 +137,59 @@ class Trainer:
         world, device = accelerator.num_processes, accelerator.device
         self.main, self.rank, self.world = accelerator.is_main_process, accelerator.process_index, world
         _check_options(cfg, world)
-        self.train_data = ShardReader(data, "train")
-        self.val = ShardReader(data, "val", verify=False) if index["splits"]["val"]["tokens"] else None
-        self.config, self.context = shaped_config(cfg.preset, index["tokenizer"]["vocab_size"], cfg.context,
-                                                  dropout=cfg.dropout)
-        micro = cfg.batch_size // (world * cfg.grad_accum)
-        memory_preflight(cfg, self.config, device, micro, self.context, precision)  # before a step of this size
-        self.compiled, why = self._choose_compile(facts, plan, micro)
-        self.total_steps = (cfg.steps or (max(1, cfg.tokens // self.tokens_per_step) if cfg.tokens else
-                                          steps_for_hours(cfg, self.folder, accelerator, self.train_data,
-                                                          self.context, self.compiled, plan.muon_dtype)))
-        self.schedule = Schedule(cfg.lr, self.total_steps, cfg.schedule, cfg.warmup_frac, cfg.min_lr_ratio,
-                                 cfg.decay_frac)
-        fingerprint = trajectory_fingerprint(cfg, self.config, index, sha256_file(data / "shards_index.json"),
-                                             self.context, self.total_steps, precision)
-        torch.manual_seed(cfg.seed)
-        model = HitobanForCausalLM(self.config)
-        optimizer = build_optimizer(model, cfg.optimizer, self.schedule.lr(0), cfg.weight_decay,
-                                    cfg.adam_bias_correction, plan.muon_dtype)
-        # The trajectory is recorded once, in the fingerprint; `args` holds the rest of the options.
-        args = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("data", "out") and k not in fingerprint}
-        self.state = TrainState(run_id=uuid.uuid4().hex, seed=cfg.seed, fingerprint=fingerprint,
-                                data_index_sha256=fingerprint["data_index_sha256"], args=args)
-        self.resumed_from, self.resume_changes = self._resume(model, optimizer, fingerprint)
-        self.folder.mkdir(parents=True, exist_ok=True)
-        accelerator.wait_for_everyone()
-        self.model, self.optimizer = accelerator.prepare(model, optimizer)  # DDP-wrapped on several processes
-        place_step_counters(self.optimizer)
-        check_state_placement(self.optimizer)
-        self.unwrapped = accelerator.unwrap_model(self.model)  # what evaluation and saving see (eager, shared)
-        if self.compiled and device.type == "cpu":
-            # Inductor's CPU kernels reduce in a nondeterministic order unless asked (two compiled runs differed by
-            # ~6e-5); with deterministic algorithms they are bit-exact, so a compiled night resumes exactly.
-            torch.use_deterministic_algorithms(True)
-        self.train_model = torch.compile(self.model) if self.compiled else self.model  # shares the parameters
-        if self.main:
-            print(f"# torch.compile: {'on' if self.compiled else 'off'} ({why})", flush=True)
-        eval_rows = cfg.eval_batches * self.eval_batch * (self.context + 1)
-        self.val_domains = self.val.domain_streams(eval_rows) if self.val is not None else {}
-        self.hardware = hardware_description(device, world, precision)
-        self.device_plan = {**plan.record(), "precision_used": precision, "compile": why}
-        self.tokenizer_dir = data / "tokenizer" if (data / "tokenizer").exists() else None
+        # one process per run folder, taken before anything is measured, read or changed there
+        self.lock = RunLock(self.folder).acquire() if self.main else None
+        try:
+            self.train_data = ShardReader(data, "train")
+            self.val = ShardReader(data, "val", verify=False) if index["splits"]["val"]["tokens"] else None
+            self.config, self.context = shaped_config(cfg.preset, index["tokenizer"]["vocab_size"], cfg.context,
+                                                      dropout=cfg.dropout)
+            micro = cfg.batch_size // (world * cfg.grad_accum)
+            memory_preflight(cfg, self.config, device, micro, self.context, precision)  # before a step of this size
+            self.compiled, why = self._choose_compile(facts, plan, micro)
+            self.total_steps = (cfg.steps or (max(1, cfg.tokens // self.tokens_per_step) if cfg.tokens else
+                                              steps_for_hours(cfg, self.folder, accelerator, self.train_data,
+                                                              self.context, self.compiled, plan.muon_dtype)))
+            self.schedule = Schedule(cfg.lr, self.total_steps, cfg.schedule, cfg.warmup_frac, cfg.min_lr_ratio,
+                                     cfg.decay_frac)
+            fingerprint = trajectory_fingerprint(cfg, self.config, index, sha256_file(data / "shards_index.json"),
+                                                 self.context, self.total_steps, precision)
+            torch.manual_seed(cfg.seed)
+            model = HitobanForCausalLM(self.config)
+            optimizer = build_optimizer(model, cfg.optimizer, self.schedule.lr(0), cfg.weight_decay,
+                                        cfg.adam_bias_correction, plan.muon_dtype)
+            # The trajectory is recorded once, in the fingerprint; `args` holds the rest of the options.
+            args = {k: v for k, v in dataclasses.asdict(cfg).items()
+                    if k not in ("data", "out") and k not in fingerprint}
+            self.state = TrainState(run_id=uuid.uuid4().hex, seed=cfg.seed, fingerprint=fingerprint,
+                                    data_index_sha256=fingerprint["data_index_sha256"], args=args)
+            self.resumed_from, self.resume_changes = self._resume(model, optimizer, fingerprint)
+            self.folder.mkdir(parents=True, exist_ok=True)
+            accelerator.wait_for_everyone()
+            self.model, self.optimizer = accelerator.prepare(model, optimizer)  # DDP-wrapped on several processes
+            place_step_counters(self.optimizer)
+            check_state_placement(self.optimizer)
+            self.unwrapped = accelerator.unwrap_model(self.model)  # what evaluation and saving see (eager, shared)
+            if self.compiled and device.type == "cpu":
+                # Inductor's CPU kernels reduce in a nondeterministic order unless asked (two compiled runs differed by
+                # ~6e-5); with deterministic algorithms they are bit-exact, so a compiled night resumes exactly.
+                torch.use_deterministic_algorithms(True)
+            self.train_model = torch.compile(self.model) if self.compiled else self.model  # shares the parameters
+            if self.main:
+                print(f"# torch.compile: {'on' if self.compiled else 'off'} ({why})", flush=True)
+            eval_rows = cfg.eval_batches * self.eval_batch * (self.context + 1)
+            self.val_domains = self.val.domain_streams(eval_rows) if self.val is not None else {}
+            self.hardware = hardware_description(device, world, precision)
+            self.device_plan = {**plan.record(), "precision_used": precision, "compile": why}
+            self.tokenizer_dir = data / "tokenizer" if (data / "tokenizer").exists() else None
+        except BaseException:
+            self.close()  # a refused resume or a failed setup leaves the folder free
+            raise
+
+    def close(self) -> None:
+        """Release the run folder (its lock) for the next process."""
+        if self.lock is not None:
+            self.lock.release()
 
     @property
     def tokens_per_step(self) -> int:
@@ -199,23 +215,28 @@ class Trainer:
         return choose_compile(cfg.compile, facts, estimate, measured_gain)
 
     def _resume(self, model, optimizer, fingerprint: dict) -> tuple[Path | None, dict]:
-        """Continue from the last complete checkpoint (--resume auto), or clear the folder (--resume never)."""
+        """Continue from the last complete checkpoint (--resume auto, falling back to the previous slot when the
+        newest is damaged), or set the earlier run aside (--resume never) until this one has saved."""
         cfg, folder = self.cfg, self.folder
+        if cfg.resume == "auto" and self.main and restore_set_aside(folder):
+            print(f"# a --resume never run here stopped before its first save: {folder}'s earlier run is back and "
+                  "resumes", flush=True)
+        self.accelerator.wait_for_everyone()
         slot = current_slot(folder) if cfg.resume == "auto" and folder.exists() else None
         if slot is not None:
-            changes = check_resumable(TrainState.read(slot), fingerprint, allowed_changes(cfg.allow_change))
-            saved, restored = load_checkpoint(slot, model, optimizer)
+            allowed = allowed_changes(cfg.allow_change)
+            slot, saved, restored, changes = load_latest(
+                folder, model, optimizer, check=lambda state: check_resumable(state, fingerprint, allowed))
             if not restored:
                 print(f"warning: {slot.name} has no optimizer state; moments restart from zero", flush=True)
             self.state = dataclasses.replace(saved, fingerprint=fingerprint, args=self.state.args,
                                              resumes=saved.resumes + 1)
             return slot, changes
         if cfg.resume == "never" and folder.exists() and self.main:
-            # A fresh start must leave nothing a later --resume auto could mistake for this run's checkpoint.
-            for name in ("CURRENT", "log.jsonl", "heartbeat.json", "summary.json"):
-                (folder / name).unlink(missing_ok=True)
-            for name in ("ckpt-A", "ckpt-B", "final"):
-                shutil.rmtree(folder / name, ignore_errors=True)
+            moved = set_aside(folder)
+            if moved:
+                print(f"# --resume never: the earlier run is kept in {folder / PREVIOUS_RUN} until this one has its "
+                      "first checkpoint", flush=True)
         return None, {}
 
     # ---------------------------------------------------------------------------------------------------- the night
@@ -296,6 +317,8 @@ class Trainer:
                                    dataclasses.replace(self.state, elapsed_sec=self.elapsed()), self.tokenizer_dir)
         self.accelerator.wait_for_everyone()
         self.policy.saved(self.state.step)
+        if self.main and drop_set_aside(self.folder):
+            print(f"# this run has its first checkpoint: the earlier run ({PREVIOUS_RUN}/) is removed", flush=True)
         return slot
 
     def export(self, slot: Path, val_loss: float | None) -> None:
@@ -378,9 +401,13 @@ def pretrain(cfg: PretrainConfig) -> dict:
     """Run (or resume) pretraining; returns the summary. Raises TrainingDiverged / CheckpointError on failure."""
     reset_accelerate_state(cpu=cfg.cpu)
     deterministic = torch.are_deterministic_algorithms_enabled()
+    trainer = None
     try:
-        return Trainer(cfg).train()
+        trainer = Trainer(cfg)
+        return trainer.train()
     finally:
+        if trainer is not None:
+            trainer.close()
         reset_accelerate_state()  # leave the process as clean as it was found, also after a failure
         torch.use_deterministic_algorithms(deterministic)
 

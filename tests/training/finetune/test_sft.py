@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hitoban.chat import Utf8SafeStreamer, chat_loop
 from hitoban.cli import main
+from hitoban.errors import MissingInputError
 from hitoban.training.data.chat import ChatDataError, ChatFilter, ChatFilterSettings, read_conversations
 from hitoban.training.finetune.options import FinetuneOptions
 from hitoban.training.finetune.sft import CheckedCollator, MaskError, build_example, check_mask, finetune
@@ -156,6 +157,41 @@ def test_sft_lowers_validation_loss_and_resumes(pretrained, chats, tmp_path, cor
     assert tok.chat_template and model.config.model_type == "hitoban"
     again = finetune(FinetuneOptions(max_steps=40, **common), log=lambda *_: None)
     assert again["resumed"] and again["steps"] == 40
+
+
+def test_an_existing_out_is_refused_unless_it_is_this_fine_tune(pretrained, chats, tmp_path):
+    """Issue 25: --out equal to the base, another run's folder, or an earlier fine-tune of other data is refused
+    before anything is written; nothing there changes."""
+    from hitoban.errors import OutputExistsError
+    from hitoban.provenance import weights_sha256
+
+    before = weights_sha256(pretrained)
+    with pytest.raises(OutputExistsError, match="is the base model itself"):
+        finetune(FinetuneOptions(base=str(pretrained), data=[str(chats)], out=str(pretrained), max_steps=1),
+                 log=lambda *_: None)
+    assert weights_sha256(pretrained) == before and not (pretrained / "finetune.json").exists()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "model.safetensors").write_bytes(b"someone's model")
+    with pytest.raises(OutputExistsError, match="holds no sft of this base"):
+        finetune(FinetuneOptions(base=str(pretrained), data=[str(chats)], out=str(other), max_steps=1),
+                 log=lambda *_: None)
+    assert (other / "model.safetensors").read_bytes() == b"someone's model"
+    earlier = tmp_path / "earlier"  # an earlier fine-tune's record, made from other data
+    earlier.mkdir()
+    fewer = tmp_path / "fewer.jsonl"
+    fewer.write_text("".join(chats.read_text(encoding="utf-8").splitlines(keepends=True)[:50]), encoding="utf-8")
+    options = FinetuneOptions(base=str(pretrained), data=[str(fewer)], out=str(earlier), max_steps=1)
+    from hitoban.training.finetune.sft import RECORD, claim_output, fine_tune_record
+
+    claim_output(options, fine_tune_record(options))
+    with pytest.raises(OutputExistsError, match="different data_sha256"):
+        finetune(FinetuneOptions(base=str(pretrained), data=[str(chats)], out=str(earlier), max_steps=1),
+                 log=lambda *_: None)
+    assert json.loads((earlier / RECORD).read_text())["data_sha256"] == fine_tune_record(options)["data_sha256"]
+    with pytest.raises(MissingInputError, match="given to --exclude"):
+        finetune(FinetuneOptions(base=str(pretrained), data=[str(chats)], out=str(tmp_path / "new"),
+                                 exclude=[str(tmp_path / "missing.txt")]), log=lambda *_: None)
 
 
 def test_tone_cli_and_a_base_without_template(pretrained, tmp_path):

@@ -61,4 +61,5 @@ def test_a_real_resume_passes_the_placement_check_and_a_fused_state_is_fused(tin
     finally:
         from hitoban.training.step import reset_accelerate_state
 
+        run.close()
         reset_accelerate_state()

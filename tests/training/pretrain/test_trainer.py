@@ -174,26 +174,30 @@ def test_sigterm_saves_at_the_next_step_and_exits_cleanly(tiny_shards, tmp_path)
 
 @pytest.mark.slow
 def test_two_process_ddp_matches_one_process_and_resumes_in_one(tiny_shards, tmp_path):
-    # fp32: the comparison is of DDP's arithmetic (2 x 4 rows vs 8 rows); bf16 autocast alone moves that by ~6e-4
+    # fp32, Muon's Newton-Schulz included (HITOBAN_CPU_BF16=0): the comparison is of DDP's arithmetic (2 x 4 rows vs
+    # 8 rows, ~2e-7 here). bf16 autocast alone moves that by ~6e-4, and a bf16 Newton-Schulz (the plan on a CPU with
+    # native bf16) by ~1e-4 on an AMD EPYC, which is rounding of the orthogonalisation, not DDP.
+    exact = {"HITOBAN_CPU_BF16": "0"}
     common = ["pretrain", "--data", str(tiny_shards), "--preset", "tiny", "--context", "64", "--steps", "12",
               "--batch-size", "8", "--log-every", "4", "--eval-every", "100", "--no-progress", "--cpu",
               "--precision", "no"]
-    two = launch_hitoban(common + ["--out", str(tmp_path / "ddp")], 2, tmp_path)
+    two = launch_hitoban(common + ["--out", str(tmp_path / "ddp")], 2, tmp_path, **exact)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "2 process(es)" in two.stdout + two.stderr
-    one = launch_hitoban(common + ["--out", str(tmp_path / "single")], 1, tmp_path)
+    one = launch_hitoban(common + ["--out", str(tmp_path / "single")], 1, tmp_path, **exact)
     assert one.returncode == 0, one.stderr[-3000:]
     a = load_file(str(current_slot(tmp_path / "ddp") / "model.safetensors"))
     b = load_file(str(current_slot(tmp_path / "single") / "model.safetensors"))
-    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
     # a checkpoint written by 2 processes resumes in 1: stop the 2-process run after its first step, finish alone
-    stop_early = launch_hitoban(common + ["--out", str(tmp_path / "mixed"), "--max-hours", "1e-9"], 2, tmp_path)
+    stop_early = launch_hitoban(common + ["--out", str(tmp_path / "mixed"), "--max-hours", "1e-9"], 2, tmp_path,
+                                **exact)
     assert stop_early.returncode == 0, stop_early.stderr[-3000:]
     assert json.loads((current_slot(tmp_path / "mixed") / "train_state.json").read_text())["step"] < 12
-    finish = launch_hitoban(common + ["--out", str(tmp_path / "mixed")], 1, tmp_path)
+    finish = launch_hitoban(common + ["--out", str(tmp_path / "mixed")], 1, tmp_path, **exact)
     assert finish.returncode == 0 and "# resumed at step" in finish.stdout
     c = load_file(str(current_slot(tmp_path / "mixed") / "model.safetensors"))
-    assert max((c[k] - b[k]).abs().max().item() for k in c) < 1e-4
+    assert max((c[k] - b[k]).abs().max().item() for k in c) < 1e-5
 
 
 def test_mfu_by_hand_and_in_the_logs(tiny_shards, tmp_path, monkeypatch):

@@ -1,0 +1,157 @@
+"""Every bad input named (issue 25): a table of (verb, arguments, exit code, words the message must contain), each
+answered in one line with its exit code, never a traceback, and nothing that existed before the call changed; a
+property test over numeric option values; and the negative control, a verb with its validation removed, which the
+same judge must fail."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hitoban.cli import main
+
+
+def snapshot(*roots: Path) -> dict[str, str]:
+    """sha256 of every file under `roots`: what must not change when a call is refused."""
+    found = {}
+    for root in roots:
+        for path in sorted(Path(root).rglob("*")) if Path(root).is_dir() else [Path(root)]:
+            if path.is_file() and not path.is_symlink():
+                found[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+def answer(argv: list[str], capsys) -> tuple[int | str, str, str]:
+    """(exit code, or "traceback: ..." when the verb raised instead of answering; its stderr; its stdout)."""
+    capsys.readouterr()
+    try:
+        code = main(argv)
+    except SystemExit as err:  # argparse's own one-line errors
+        code = err.code
+    except Exception as err:  # noqa: BLE001 - the judge reports it
+        printed = capsys.readouterr()
+        return f"traceback: {type(err).__name__}: {err}", printed.err, printed.out
+    printed = capsys.readouterr()
+    return code, printed.err, printed.out
+
+
+def judge(argv: list[str], code: int, words: list[str], watched: list[Path], capsys) -> list[str]:
+    """Everything wrong with how `hitoban ARGV` answered (empty: it answered as it should)."""
+    before = snapshot(*watched)
+    got, err, out = answer(argv, capsys)
+    problems = []
+    if got != code:
+        problems.append(f"exit {got}, expected {code}")
+    lines = [line for line in err.splitlines() if line.startswith("hitoban ") and "error" in line]
+    if code == 2 and len(lines) != 1:  # bad input: one line on stderr (a gate's findings go to stdout, exit 1)
+        problems.append(f"expected one error line on stderr, got {err[-600:]!r}")
+    missing = [w for w in words if w not in err + out]
+    if missing:
+        problems.append(f"message lacks {missing}: {(err + out)[-600:]!r}")
+    if snapshot(*watched) != before:
+        problems.append("a file that existed before the call changed")
+    return problems
+
+
+@pytest.fixture
+def inputs(tmp_path, pretrained, tiny_model_dir, tiny_shards, corpus):
+    """Small bad inputs beside good ones, each in its own file."""
+    root = tmp_path / "in"
+    root.mkdir()
+    (root / "raw").mkdir()
+    (root / "raw" / "a.txt").write_text("ただのテキスト。\n", encoding="utf-8")
+    (root / "sjis.txt").write_text("吾輩は猫である。名前はまだ無い。\n" * 50, encoding="shift_jis")
+    chats = root / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"user": f"質問{i}ですか？", "assistant": f"答え{i}です。"},
+                                        ensure_ascii=False) + "\n" for i in range(40)), encoding="utf-8")
+    (root / "nomodel").mkdir()
+    (root / "nomodel" / "config.json").write_text("{}")
+    holdout = corpus / "3lm-eval" / "holdout_clean.txt"
+    release = tmp_path / "release"
+    shutil.copytree(tiny_model_dir, release)
+    (release / "LICENSE").symlink_to("/etc/passwd")
+    return {"root": root, "pretrained": pretrained, "model": tiny_model_dir, "shards": tiny_shards,
+            "holdout": holdout, "release": release, "out": tmp_path / "out"}
+
+
+def cases(i: dict) -> list[tuple[list[str], int, list[str]]]:
+    shards, root, out = str(i["shards"]), i["root"], str(i["out"])
+    night = ["pretrain", "--data", shards, "--out", out, "--preset", "tiny", "--cpu", "--no-progress"]
+    return [
+        (night + ["--steps", "5", "--batch-size", "0"], 2, ["--batch-size 0", "at least 1"]),
+        (night + ["--steps", "5", "--batch-size", "-1"], 2, ["--batch-size -1"]),
+        (night + ["--steps", "5", "--lr", "-1"], 2, ["--lr -1", "above 0"]),
+        (night + ["--steps", "0"], 2, ["--steps 0"]),
+        (night + ["--steps", "5", "--context", "1"], 2, ["--context 1"]),
+        (night + ["--steps", "5", "--dropout", "1.5"], 2, ["--dropout"]),
+        (["killtest", "--data", shards, "--kills", "0"], 2, ["--kills 0"]),
+        (["calibrate", "--hours", "0", "--cpu"], 2, ["--hours 0"]),
+        (["tokenizer", "--corpus", str(root / "raw"), "--out", out, "--vocab-size", "0"], 2, ["--vocab-size", "260"]),
+        (["tokenizer", "--corpus", str(root / "raw"), "--out", out], 2, ["manifest.json", "hitoban corpus"]),
+        (["shards", "--corpus", str(root / "raw"), "--tokenizer", str(i["model"]), "--out", out], 2,
+         ["manifest.json", "hitoban corpus"]),
+        (["eval", "bpc", str(i["model"]), "--domain", f"prose={root / 'sjis.txt'}"], 2, ["sjis.txt", "byte offset"]),
+        (["eval", "bpc", str(i["model"]), "--shards", shards], 2, ["another tokenizer"]),
+        (["eval", "bpc", str(i["model"]), "--domain", f"prose={root / 'sjis.txt'}", "--max-chars", "-1"], 2,
+         ["--max-chars -1"]),
+        (["sft", str(i["pretrained"]), "--data", str(root / "chats.jsonl"), "--out", str(i["pretrained"])], 2,
+         ["base model itself"]),
+        (["sft", str(i["pretrained"]), "--data", str(root / "chats.jsonl"), "--out", out, "--exclude",
+          str(root / "missing.txt")], 2, ["missing.txt", "--exclude"]),
+        (["tone", str(i["pretrained"]), "--data", str(root / "chats.jsonl"), "--out", out, "--lr", "0"], 2,
+         ["--lr 0"]),
+        (["pii", str(root / "nomodel"), "--corpus", str(root / "raw" / "a.txt")], 2, ["not a model folder"]),
+        (["leaks", "--holdout", str(i["holdout"]), "--corpus", str(root / "sjis.txt")], 2,
+         ["sjis.txt", "byte offset", "--encoding"]),
+        (["upload", str(i["release"]), "--repo", "me/x", "--dry-run", "--i-know", "test"], 1,
+         ["refusing to upload"]),
+        (["secrets", str(i["release"])], 1, ["link-outside-folder"]),
+    ]
+
+
+def test_every_verb_answers_bad_input_in_one_line_and_changes_nothing(inputs, capsys):
+    watched = [inputs["root"], inputs["pretrained"], inputs["model"], inputs["shards"], inputs["release"]]
+    failures = {" ".join(argv): problems for argv, code, words in cases(inputs)
+                if (problems := judge(argv, code, words, watched, capsys))}
+    assert failures == {}
+    assert not inputs["out"].exists()  # no refused call left an output behind
+
+
+def test_the_judge_fails_a_verb_whose_validation_is_removed(inputs, capsys, monkeypatch):
+    """Negative control: with the option ranges unchecked, `pretrain --batch-size 0` crashes inside the loop (or
+    starts), and the judge says so."""
+    import hitoban.training.options as options
+
+    monkeypatch.setattr(options, "check_ranges", lambda _: None)
+    monkeypatch.setattr("hitoban.training.pretrain.options.check_ranges", lambda _: None)
+    argv, code, words = cases(inputs)[0]
+    assert judge(argv, code, words, [inputs["shards"]], capsys) != []
+
+
+NUMERIC = {"--batch-size": int, "--lr": float, "--steps": int, "--context": int, "--grad-accum": int,
+           "--warmup-frac": float, "--dropout": float, "--eval-every": int, "--eval-batches": int,
+           "--weight-decay": float, "--grad-clip": float, "--seed": int}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.dictionaries(st.sampled_from(sorted(NUMERIC)),
+                              st.one_of(st.integers(-10**9, 10**9), st.floats(-1e12, 1e12, allow_nan=False)),
+                              min_size=1, max_size=4))
+def test_any_numeric_value_gets_an_answer_not_a_traceback(values, tmp_path, capsys):
+    """Whatever numbers `pretrain` is given, it answers in one line with exit 2 (a range, or the shard folder that
+    is not there) before reading or writing anything."""
+    argv = ["pretrain", "--data", str(tmp_path / "no-shards"), "--out", str(tmp_path / "run"), "--cpu"]
+    if "--steps" not in values:
+        argv += ["--steps", "5"]
+    for flag, value in values.items():
+        argv.append(f"{flag}={int(value) if NUMERIC[flag] is int else value}")  # `=`: -1e-9 is a value, not a flag
+    got, err, _ = answer(argv, capsys)
+    last = err.strip().splitlines()[-1] if err.strip() else ""
+    assert got == 2 and "Traceback" not in err and last.startswith("hitoban pretrain: error:"), (argv, got, err)
+    assert not (tmp_path / "run").exists()
