@@ -163,28 +163,34 @@ class Trainer:
                     if k not in ("data", "out") and k not in fingerprint}
             self.state = TrainState(run_id=uuid.uuid4().hex, seed=cfg.seed, fingerprint=fingerprint,
                                     data_index_sha256=fingerprint["data_index_sha256"], args=args)
-            self.resumed_from, self.resume_changes = self._resume(model, optimizer, fingerprint)
-            self.folder.mkdir(parents=True, exist_ok=True)
-            accelerator.wait_for_everyone()
-            self.model, self.optimizer = accelerator.prepare(model, optimizer)  # DDP-wrapped on several processes
-            place_step_counters(self.optimizer)
-            check_state_placement(self.optimizer)
-            self.unwrapped = accelerator.unwrap_model(self.model)  # what evaluation and saving see (eager, shared)
-            if self.compiled and device.type == "cpu":
-                # Inductor's CPU kernels reduce in a nondeterministic order unless asked (two compiled runs differed by
-                # ~6e-5); with deterministic algorithms they are bit-exact, so a compiled night resumes exactly.
-                torch.use_deterministic_algorithms(True)
-            self.train_model = torch.compile(self.model) if self.compiled else self.model  # shares the parameters
-            if self.main:
-                print(f"# torch.compile: {'on' if self.compiled else 'off'} ({why})", flush=True)
-            eval_rows = cfg.eval_batches * self.eval_batch * (self.context + 1)
-            self.val_domains = self.val.domain_streams(eval_rows) if self.val is not None else {}
-            self.hardware = hardware_description(device, world, precision)
-            self.device_plan = {**plan.record(), "precision_used": precision, "compile": why}
-            self.tokenizer_dir = data / "tokenizer" if (data / "tokenizer").exists() else None
+            self._prepare(model, optimizer, fingerprint, plan, why, data)
         except BaseException:
             self.close()  # a refused resume or a failed setup leaves the folder free
             raise
+
+    def _prepare(self, model, optimizer, fingerprint: dict, plan, why: str, data: Path) -> None:
+        """The resume, Accelerate's prepare (DDP on several processes), compile, and what evaluation reuses."""
+        cfg, accelerator, device, world, precision = (self.cfg, self.accelerator, self.accelerator.device,
+                                                      self.world, self.precision)
+        self.resumed_from, self.resume_changes = self._resume(model, optimizer, fingerprint)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        accelerator.wait_for_everyone()
+        self.model, self.optimizer = accelerator.prepare(model, optimizer)  # DDP-wrapped on several processes
+        place_step_counters(self.optimizer)
+        check_state_placement(self.optimizer)
+        self.unwrapped = accelerator.unwrap_model(self.model)  # what evaluation and saving see (eager, shared)
+        if self.compiled and device.type == "cpu":
+            # Inductor's CPU kernels reduce in a nondeterministic order unless asked (two compiled runs differed by
+            # ~6e-5); with deterministic algorithms they are bit-exact, so a compiled night resumes exactly.
+            torch.use_deterministic_algorithms(True)
+        self.train_model = torch.compile(self.model) if self.compiled else self.model  # shares the parameters
+        if self.main:
+            print(f"# torch.compile: {'on' if self.compiled else 'off'} ({why})", flush=True)
+        eval_rows = cfg.eval_batches * self.eval_batch * (self.context + 1)
+        self.val_domains = self.val.domain_streams(eval_rows) if self.val is not None else {}
+        self.hardware = hardware_description(device, world, precision)
+        self.device_plan = {**plan.record(), "precision_used": precision, "compile": why}
+        self.tokenizer_dir = data / "tokenizer" if (data / "tokenizer").exists() else None
 
     def close(self) -> None:
         """Release the run folder (its lock) for the next process."""
