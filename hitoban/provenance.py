@@ -77,6 +77,8 @@ def write_lineage(model_dir: str | os.PathLike, stage: str, base_dir: str | os.P
                   **facts) -> dict:
     """Record this folder's weights hash, what produced it (`stage`, `facts`) and its base's lineage."""
     model_dir = Path(model_dir)
+    if (model_dir / "tokenizer.json").is_file():  # the tokenizer these weights read: a swapped one is refused later
+        facts.setdefault("tokenizer_sha256", sha256_file(model_dir / "tokenizer.json"))
     lineage = {"stage": stage, "weights_sha256": weights_sha256(model_dir), **facts}
     if base_dir is not None:
         base = read_lineage(base_dir) or {"stage": "unknown", "weights_sha256": weights_sha256(base_dir)}

@@ -20,6 +20,7 @@ from pathlib import Path
 from huggingface_hub.utils import filter_repo_objects
 
 from hitoban.errors import CheckFailed, MissingInputError, UsageError
+from hitoban.provenance import read_lineage, sha256_file, weights_sha256
 from hitoban.release.secrets import link_outside, scan_files
 
 MODEL_ALLOW = ["model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json", "config.json",
@@ -110,15 +111,30 @@ def plan_upload(folder: str | os.PathLike, repo: str, repo_type: str = "model", 
                              + "\n    revoke any real key first, then remove it from the files")
 
     if repo_type == "model":
+        _check_tokenizer(plan)
         _check_pii(plan, Path(pii_report) if pii_report else folder / "pii.json", override_reason)
     return plan
+
+
+def _check_tokenizer(plan: UploadPlan) -> None:
+    """The tokenizer must be the one the weights were trained with: lineage.json records its sha256 beside the
+    weights', and a swapped tokenizer.json would make the published model read other pieces (and its card's
+    numbers describe another model)."""
+    folder = plan.folder
+    lineage, tokenizer = read_lineage(folder), folder / "tokenizer.json"
+    if not lineage or not lineage.get("tokenizer_sha256") or not tokenizer.is_file():
+        return
+    if lineage.get("weights_sha256") != weights_sha256(folder):
+        return  # the lineage is of other weights; the card and the PII gate say so
+    if sha256_file(tokenizer) != lineage["tokenizer_sha256"]:
+        plan.refusals.append(f"tokenizer.json is not the tokenizer these weights were trained with (lineage.json "
+                             f"records sha256 {lineage['tokenizer_sha256'][:12]}, the file is "
+                             f"{sha256_file(tokenizer)[:12]}); put the run's tokenizer back")
 
 
 def _check_pii(plan: UploadPlan, pii_path: Path, override_reason: str | None) -> None:
     """A model goes out only with a PII probe that measured *these* weights and reproduced nothing exactly; each
     exception needs --i-know REASON (recorded in the commit)."""
-    from hitoban.provenance import weights_sha256
-
     def refuse(reason: str) -> None:
         if override_reason:
             plan.warnings.append(f"{reason} — overridden with --i-know: {override_reason}")

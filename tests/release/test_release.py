@@ -535,6 +535,22 @@ def test_a_link_out_of_the_folder_is_refused_by_name_and_the_scan_reads_what_it_
     assert "LICENSE:1 [hf-token]" in capsys.readouterr().out
 
 
+def test_a_tokenizer_swapped_after_training_is_refused(release_dir, capsys):
+    """Issue 25: lineage.json records the tokenizer's sha256 beside the weights'; a tokenizer.json replaced after
+    training would make the published model read other pieces."""
+    from hitoban.cli import main
+    from hitoban.provenance import write_lineage
+
+    write_lineage(release_dir, "pretrain")
+    assert main(["upload", str(release_dir), "--repo", "someone/hitoban-tiny", "--dry-run"]) == 0  # control
+    data = json.loads((release_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    data["model"]["vocab"][300][1] -= 1.0  # one piece's score: other segmentations
+    (release_dir / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    capsys.readouterr()
+    assert main(["upload", str(release_dir), "--repo", "someone/hitoban-tiny", "--dry-run"]) == 1
+    assert "not the tokenizer these weights were trained with" in capsys.readouterr().out
+
+
 def test_refused_upload_sends_nothing(release_dir, hub, tmp_path):
     (release_dir / "README.md").unlink()
     done = run_cli(["upload", str(release_dir), "--repo", "someone/nope"], hub, tmp_path)
