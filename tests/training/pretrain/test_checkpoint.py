@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import os
 import subprocess
 import sys
 import time
@@ -118,3 +119,20 @@ def test_one_process_per_run_folder_and_a_dead_holder_never_blocks(tiny_shards, 
     summary = pretrain(night_config(tiny_shards, run, steps=5000, save_every_steps=5, eval_every=100000,
                                     max_hours=1e-9))
     assert summary["resumes"] >= 1 and summary["stop_reason"] == "max_hours"
+
+
+def test_a_real_full_disk_keeps_the_last_checkpoint_and_says_so(tiny_shards, tmp_path):
+    """The same on a real 6 MiB tmpfs: one checkpoint of the tiny night fits, the second does not."""
+    disk = tmp_path / "small-disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(disk)],
+                                           capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root (the SafetensorError test above runs everywhere)")
+    try:
+        run = disk / "run"
+        with pytest.raises(CheckpointError, match=r"No space left on device; the last good checkpoint \(ckpt-A\)"):
+            pretrain(night_config(tiny_shards, run, steps=20, save_every_steps=5, eval_every=1000))
+        assert (run / "CURRENT").read_text().strip() == "ckpt-A" and not (run / "ckpt-B").exists()
+        assert json.loads((run / "ckpt-A" / "train_state.json").read_text())["step"] == 5
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
