@@ -325,6 +325,11 @@ class RunLock:
             os.close(fd)
             raise RunBusy(f"{self.path.parent} is in use: another hitoban pretrain (pid {holder}) is training there; "
                           "wait for it, or stop it (Ctrl-C saves at the next step) and resume") from None
+        except OSError as err:  # a file system without locks (some network mounts): train, but say so
+            os.close(fd)
+            print(f"warning: {self.path.parent} cannot be locked ({err.strerror}); make sure no other process "
+                  "trains in this folder", flush=True)
+            return self
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self.fd = fd
