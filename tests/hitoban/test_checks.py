@@ -51,6 +51,23 @@ def test_doctor_fails_loudly_when_training_cannot_learn(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_device_checks_bits_per_char_row_fails_on_a_model_that_learnt_nothing(tiny_model_dir, corpus):
+    """Negative control for the doctor's bits/char row (its pass is in the test below): random weights made
+    confident (the tied output projection scaled up) predict worse than a uniform model, and the row fails."""
+    import torch
+
+    from hitoban.device_check import _bpc
+    from hitoban.modeling.loading import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(tiny_model_dir)
+    held_out = sorted((corpus / "literature").glob("*.txt"))[0].read_text(encoding="utf-8")[:3000]
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(40)
+    passed, detail, bpc = _bpc(model, tokenizer, held_out)
+    uniform = float(detail.split("uniform: ")[1].rstrip(")"))
+    assert not passed and bpc > uniform
+
+
 def test_the_device_check_runs_the_night_on_this_device_and_fails_on_a_planted_fault(tmp_path, capsys):
     from hitoban.device_check import run_device_check
     report = run_device_check(tmp_path / "ok", steps=30, log=lambda *_: None)
