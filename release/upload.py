@@ -97,7 +97,7 @@ def plan_upload(folder: str | os.PathLike, repo: str, repo_type: str = "model", 
         plan.refusals.append("no app.py in the Space folder")
     if "README.md" not in names:
         plan.refusals.append("no README.md: write the model card first (`hitoban card`)")
-    links = [f"{p} -> {link_outside(folder, p)}" for p in names if link_outside(folder, p) is not None]
+    links = [f"{p} -> {target}" for p in names if (target := link_outside(folder, p)) is not None]
     if links:
         plan.refusals.append(f"symbolic link(s) leave the folder and their targets would be uploaded: "
                              f"{'; '.join(links)}; copy the file in or remove the link")
@@ -111,12 +111,23 @@ def plan_upload(folder: str | os.PathLike, repo: str, repo_type: str = "model", 
                              + "\n    revoke any real key first, then remove it from the files")
 
     if repo_type == "model":
-        _check_tokenizer(plan)
-        _check_pii(plan, Path(pii_report) if pii_report else folder / "pii.json", override_reason)
+        own = _own_weights(folder, names)  # hashed once, for both gates
+        _check_tokenizer(plan, own)
+        _check_pii(plan, Path(pii_report) if pii_report else folder / "pii.json", override_reason, own)
     return plan
 
 
-def _check_tokenizer(plan: UploadPlan) -> None:
+def _own_weights(folder: Path, names: list[str]) -> str | None:
+    """The sha256 of the weights the upload would send, or None when it sends none (or they are incomplete)."""
+    if not any(p in names for p in WEIGHTS):
+        return None
+    try:
+        return weights_sha256(folder)
+    except FileNotFoundError:  # an index whose shard files are missing: no weights to compare
+        return None
+
+
+def _check_tokenizer(plan: UploadPlan, own_weights: str | None) -> None:
     """The tokenizer must be the one the weights were trained with: lineage.json records its sha256 beside the
     weights', and a swapped tokenizer.json would make the published model read other pieces (and its card's
     numbers describe another model)."""
@@ -124,15 +135,17 @@ def _check_tokenizer(plan: UploadPlan) -> None:
     lineage, tokenizer = read_lineage(folder), folder / "tokenizer.json"
     if not lineage or not lineage.get("tokenizer_sha256") or not tokenizer.is_file():
         return
-    if lineage.get("weights_sha256") != weights_sha256(folder):
+    if lineage.get("weights_sha256") != own_weights:
         return  # the lineage is of other weights; the card and the PII gate say so
-    if sha256_file(tokenizer) != lineage["tokenizer_sha256"]:
+    found = sha256_file(tokenizer)
+    if found != lineage["tokenizer_sha256"]:
         plan.refusals.append(f"tokenizer.json is not the tokenizer these weights were trained with (lineage.json "
-                             f"records sha256 {lineage['tokenizer_sha256'][:12]}, the file is "
-                             f"{sha256_file(tokenizer)[:12]}); put the run's tokenizer back")
+                             f"records sha256 {lineage['tokenizer_sha256'][:12]}, the file is {found[:12]}); put "
+                             "the run's tokenizer back")
 
 
-def _check_pii(plan: UploadPlan, pii_path: Path, override_reason: str | None) -> None:
+def _check_pii(plan: UploadPlan, pii_path: Path, override_reason: str | None,
+               own_weights: str | None) -> None:
     """A model goes out only with a PII probe that measured *these* weights and reproduced nothing exactly; each
     exception needs --i-know REASON (recorded in the commit)."""
     def refuse(reason: str) -> None:
@@ -150,7 +163,7 @@ def _check_pii(plan: UploadPlan, pii_path: Path, override_reason: str | None) ->
         refuse(f"the PII probe measured nothing ({pii.get('reason', 'tried 0 contacts')})")
         return
     weights = pii.get("weights_sha256")
-    if any(p == "model.safetensors" for p, _ in plan.included) and weights != weights_sha256(plan.folder):
+    if any(p == "model.safetensors" for p, _ in plan.included) and weights != own_weights:
         refuse(f"{pii_path.name} was measured on other weights ({str(weights)[:12]}…, not this folder's "
                "model.safetensors): probe this model")
         return
