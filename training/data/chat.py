@@ -92,10 +92,8 @@ def read_conversations(paths: list[str | Path], skip_bad: bool = False) -> tuple
     """All conversations from the files, in order; returns (conversations, {"bad_lines": n, "files": [...]})."""
     conversations, bad = [], 0
     for path in map(Path, paths):
-        if not path.is_file():
-            raise ChatDataError(f"{path}: no such file")
         found = 0
-        for number, line in enumerate(read_text(path, "chat data").split("\n"), 1):
+        for number, line in enumerate(read_text(path, "chat data given to --data").split("\n"), 1):
             if not line.strip():
                 continue
             try:
@@ -111,7 +109,7 @@ def read_conversations(paths: list[str | Path], skip_bad: bool = False) -> tuple
 
 
 def read_holdout_pairs(path: str | Path) -> list[tuple[str, str]]:
-    text = read_text(path, "held-out chats (--exclude)")
+    text = read_text(path, "held-out chats given to --exclude")
     return [(normalise(q), normalise(a)) for q, a in LINE_FORMAT.findall(text)]
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from transformers import DataCollatorForSeq2Seq
 
-from hitoban.errors import InputError, MissingInputError, OutputExistsError, UsageError
+from hitoban.errors import InputError, OutputExistsError, UsageError
 from hitoban.provenance import sha256_file, weights_sha256, write_json, write_lineage
 from hitoban.training.data.chat import ChatFilter, read_conversations, read_holdout_pairs
 from hitoban.training.finetune.lora import save_adapter_and_merged, with_adapter
@@ -166,10 +166,6 @@ def finetune(options: FinetuneOptions, *, save_total_limit: int = 2, resume: boo
         raise MaskError(f"{base}: the base folder needs its tokenizer and chat template (tokenizer.json, "
                         "chat_template.jinja); fine-tuning never retrains the tokenizer")
     tok = AutoTokenizer.from_pretrained(base)
-    for flag, paths in (("--data", data), ("--exclude", o.exclude)):
-        for path in paths:
-            if not Path(path).is_file():
-                raise MissingInputError(f"{path}: no such file (given to {flag})")
     conversations, read_info = read_conversations(data, o.skip_bad)
     holdout = [pair for path in o.exclude for pair in read_holdout_pairs(path)]
     chat_filter = ChatFilter(o.filters(), holdout)
@@ -178,7 +174,8 @@ def finetune(options: FinetuneOptions, *, save_total_limit: int = 2, resume: boo
         f"{len(kept)} kept; rejected {dict(chat_filter.rejected)}")
     if len(kept) < 2:
         raise MaskError(f"only {len(kept)} conversations survive the filters; nothing to train on")
-    claim_output(o, fine_tune_record(o))  # before anything is written there
+    record = fine_tune_record(o)
+    claim_output(o, record)  # before anything is written there
     model = AutoModelForCausalLM.from_pretrained(base)
     max_length = model.config.max_position_embeddings
     if lora is not None:
@@ -232,7 +229,7 @@ def finetune(options: FinetuneOptions, *, save_total_limit: int = 2, resume: boo
                "filters": chat_filter.report(), "read": read_info, "seconds": round(time.time() - started, 1),
                "lora": ({"r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout, "targets": list(lora.targets),
                          "merged": o.merge} if lora is not None else None)}
-    data_files = [{"name": Path(path).name, "sha256": sha256_file(path)} for path in data]
+    data_files = [{"name": path.name, "sha256": sha} for path, sha in zip(data, record["data_sha256"])]
     summary.update({"kind": f"{stage}-summary", "schema": 1, "data": data_files})
     if trainer.is_world_process_zero():  # under DDP every process gets here; one writes
         lineage = write_lineage(out, stage, base, conversations=len(kept), best_val_loss=best["eval_loss"],
