@@ -31,6 +31,15 @@ RANGE_WORDS = {"min": ("at least", lambda v, b: v >= b), "max": ("at most", lamb
                "above": ("above", lambda v, b: v > b), "below": ("below", lambda v, b: v < b)}
 
 
+def out_of_range(value, limits) -> str | None:
+    """How `value` breaks `limits` (any of min, max, above, below among them), e.g. "must be at least 1"; None
+    when it keeps them. One rule for the dataclass options and the argparse ones."""
+    for key, (words, holds) in RANGE_WORDS.items():
+        if key in limits and not holds(value, limits[key]):
+            return f"must be {words} {limits[key]:g}"
+    return None
+
+
 def check_ranges(options) -> None:
     """Every field within its declared range, or a UsageError naming the option as the command line spells it (the
     library's callers get the same check as the command line's)."""
@@ -38,10 +47,9 @@ def check_ranges(options) -> None:
         value = getattr(options, f.name)
         if value is None or isinstance(value, bool) or not isinstance(value, int | float):
             continue
-        for key, (words, holds) in RANGE_WORDS.items():
-            if key in f.metadata and not holds(value, f.metadata[key]):
-                name = f.name if f.metadata.get("positional") else _flag(f)
-                raise UsageError(f"{name} {value:g}: must be {words} {f.metadata[key]:g}")
+        if (broken := out_of_range(value, f.metadata)) is not None:
+            name = f.name if f.metadata.get("positional") else _flag(f)
+            raise UsageError(f"{name} {value:g}: {broken}")
 
 
 def ranged(kind: type, **limits):
@@ -49,10 +57,8 @@ def ranged(kind: type, **limits):
     to `limits` (min, max, above, below), else argparse's one-line error and exit 2."""
     def convert(text: str):
         value = kind(float(text)) if kind is int and "e" in text.lower() else kind(text)
-        for key, bound in limits.items():
-            words, holds = RANGE_WORDS[key]
-            if not holds(value, bound):
-                raise argparse.ArgumentTypeError(f"{text}: must be {words} {bound:g}")
+        if (broken := out_of_range(value, limits)) is not None:
+            raise argparse.ArgumentTypeError(f"{text}: {broken}")
         return value
 
     convert.__name__ = kind.__name__  # argparse names the type in its message
