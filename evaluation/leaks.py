@@ -205,6 +205,7 @@ def decoded_chunks(path: Path, chunk: int, digest=None, encoding: str = "utf-8",
     byte (another encoding, a binary file) stops the scan with its offset: a scan that read nothing as text must
     not report "no leak". `counted["text_bytes"]` is what was read as text."""
     decoder = codecs.getincrementaldecoder(encoding)("strict")
+    as_read = codecs.lookup(encoding).name == "utf-8"  # checked, then passed on untouched
     offset = 0
     for block in _file_chunks(path, chunk, digest):
         pending = len(decoder.getstate()[0])
@@ -218,7 +219,7 @@ def decoded_chunks(path: Path, chunk: int, digest=None, encoding: str = "utf-8",
         offset += len(block)
         if counted is not None:
             counted["text_bytes"] = offset - len(decoder.getstate()[0])
-        yield block if encoding.replace("_", "-").lower() in ("utf-8", "utf8") else text.encode("utf-8")
+        yield block if as_read else text.encode("utf-8")
     try:
         decoder.decode(b"", final=True)
     except UnicodeDecodeError:
