@@ -256,6 +256,10 @@ PREVIOUS_RUN = "previous-run"  # --resume never: the replaced run, kept until th
 RUN_FILES = ("CURRENT", "ckpt-A", "ckpt-B", "final", "log.jsonl", "heartbeat.json", "summary.json", "config.json")
 
 
+def _remove(path: Path) -> None:
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
 def set_aside(run: Path) -> list[str]:
     """--resume never: move the earlier run's files into RUN/previous-run (renames: nothing is copied or lost) so a
     later --resume auto can never mistake them for this run's. If a previous `never` run stopped before its first
@@ -264,7 +268,7 @@ def set_aside(run: Path) -> list[str]:
     present = [name for name in RUN_FILES if (run / name).exists()]
     if previous.exists() and not (run / "CURRENT").exists():
         for name in present:
-            shutil.rmtree(run / name) if (run / name).is_dir() else (run / name).unlink()
+            _remove(run / name)
         return []
     if not present:
         return []
@@ -284,7 +288,7 @@ def restore_set_aside(run: Path) -> bool:
         return False
     for item in previous.iterdir():
         if (run / item.name).exists():
-            shutil.rmtree(run / item.name) if (run / item.name).is_dir() else (run / item.name).unlink()
+            _remove(run / item.name)
         os.replace(item, run / item.name)
     previous.rmdir()
     return True
