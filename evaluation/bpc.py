@@ -103,8 +103,8 @@ def cross_domain(models: list[str | Path], domains: dict[str, str | Path], max_c
     from hitoban.provenance import sha256_file, weights_sha256
 
     texts = {name: read_domain(name, path) for name, path in domains.items()}
-    for model_path in models if shards else []:  # before anything is measured
-        check_same_tokenizer(model_path, shards)
+    if shards:  # before anything is measured
+        check_same_tokenizer(models, shards)
     records = []
     for model_path in models:
         model, tok = load_model_and_tokenizer(model_path)
@@ -119,22 +119,23 @@ def cross_domain(models: list[str | Path], domains: dict[str, str | Path], max_c
             "records": records}
 
 
-def check_same_tokenizer(model_dir: str | Path, shards: str | Path) -> None:
+def check_same_tokenizer(models: list[str | Path], shards: str | Path) -> None:
     """Shards hold token ids; scored by a model with another tokenizer they mean other pieces, and bits/char comes
-    out as a plausible, wrong number. The shard index records its tokenizer's sha256: it must be the model's."""
+    out as a plausible, wrong number. The shard index records its tokenizer's sha256: it must be each model's."""
     from hitoban.training.data.shards import load_index, tokenizer_sha256
 
     index = load_index(Path(shards))
-    recorded, model_dir = index["tokenizer"]["sha256"], Path(model_dir)
-    if not (model_dir / "tokenizer.json").is_file():
-        raise BpcError(f"{model_dir}: no tokenizer.json, so nothing tells whether it reads {shards}'s token ids")
-    mine = tokenizer_sha256(model_dir)
+    recorded = index["tokenizer"]["sha256"]
     copy = Path(shards) / "tokenizer" / "tokenizer.json"  # the shards' own copy (verified against the index)
-    if mine != recorded and not (copy.is_file() and _pieces(copy) == _pieces(model_dir / "tokenizer.json")):
-        raise BpcError(f"{shards} was encoded with another tokenizer ({index['tokenizer'].get('name')}, sha256 "
-                       f"{recorded[:12]}) than {model_dir.name}'s (sha256 {mine[:12]}): its ids would mean other "
-                       "pieces to this model. Build shards with the model's tokenizer (hitoban shards --tokenizer "
-                       f"{model_dir}) or measure on --domain text files")
+    for model_dir in map(Path, models):
+        if not (model_dir / "tokenizer.json").is_file():
+            raise BpcError(f"{model_dir}: no tokenizer.json, so nothing tells whether it reads {shards}'s token ids")
+        mine = tokenizer_sha256(model_dir)
+        if mine != recorded and not (copy.is_file() and _pieces(copy) == _pieces(model_dir / "tokenizer.json")):
+            raise BpcError(f"{shards} was encoded with another tokenizer ({index['tokenizer'].get('name')}, sha256 "
+                           f"{recorded[:12]}) than {model_dir.name}'s (sha256 {mine[:12]}): its ids would mean "
+                           "other pieces to this model. Build shards with the model's tokenizer (hitoban shards "
+                           f"--tokenizer {model_dir}) or measure on --domain text files")
 
 
 def _pieces(tokenizer_json: Path) -> tuple:
