@@ -56,6 +56,22 @@ class ShardReader:
         rows = range(rank * per_rank, (rank + 1) * per_rank)
         return np.stack([self.arrays[shard_ids[r]][offsets[r] : offsets[r] + ctx + 1] for r in rows]).astype(np.int64)
 
+    def window_counts(self, ctx: int) -> np.ndarray:
+        """Windows of ctx + 1 tokens at stride ctx in each shard (every token a target once): the federated run's
+        unit of work (training/federated/tasks.py)."""
+        return np.maximum(self.tokens - 1, 0) // ctx
+
+    def windows(self, ids: np.ndarray, ctx: int) -> np.ndarray:
+        """int64 rows (len(ids), ctx + 1): windows numbered over all shards in index order."""
+        counts = self.window_counts(ctx)
+        ends = np.cumsum(counts)
+        ids = np.asarray(ids, dtype=np.int64)
+        if len(ids) and (ids.min() < 0 or ids.max() >= ends[-1]):
+            raise ValueError(f"window ids must lie in [0, {int(ends[-1])})")
+        shard = np.searchsorted(ends, ids, side="right")
+        local = ids - (ends - counts)[shard]
+        return np.stack([self.arrays[s][o * ctx : o * ctx + ctx + 1] for s, o in zip(shard, local)]).astype(np.int64)
+
     def domain_documents(self, max_tokens: int) -> dict[str, list[np.ndarray]]:
         """Whole documents per domain, in file order, until the next one would pass `max_tokens` (at least one):
         a domain is never cut mid-document."""

@@ -56,6 +56,7 @@ class TrainState:
     best_val: float | None = None
     elapsed_sec: float = 0.0  # training time over all sessions
     resumes: int = 0
+    extra: dict = field(default_factory=dict)  # a loop's own state beyond steps (the federated server's task queue)
     schema: int = TRAIN_STATE_SCHEMA
 
     def to_json(self) -> str:

@@ -1,0 +1,74 @@
+"""hitoban's Flower ClientApp: what a joined machine does with each message from the server.
+
+A "train" message carries the global weights and a task; the reply carries the fp16 delta, the windows and seconds
+it took (the server sizes the next task from them) and the task's id. A machine whose shards differ from the
+server's answers with an error naming the shard instead, before it trains; one whose delta is not finite answers
+with an error too (the server re-checks either way). A "query" message with `done` is the end of the run: the
+machine writes STATE/DONE so `hitoban federate join` can leave.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from hitoban.training.federated.inner import Machine, ShardMismatch, finite
+from hitoban.training.federated.outer import DELTA, METRICS, TASK, WEIGHT
+
+PLANT_NAN_ENV = "HITOBAN_TEST_FEDERATED_NAN_DELTA"  # negative control: this machine sends a NaN delta on purpose
+ERROR_SHARDS, ERROR_DIVERGED = 4001, 4002
+
+app = ClientApp()
+_machines: dict[tuple, Machine] = {}
+
+
+def machine_for(node_config) -> Machine:
+    """One Machine per (data, state) in this process: the shard digests are read once."""
+    key = (str(node_config["data"]), str(node_config["state"]))
+    if key not in _machines:
+        _machines[key] = Machine(node_config["data"], node_config["state"], str(node_config.get("name", "machine")),
+                                 cpu=bool(node_config.get("cpu", False)),
+                                 precision=str(node_config.get("precision", "auto")),
+                                 grad_accum=int(node_config.get("grad-accum", 1)))
+    return _machines[key]
+
+
+def train_reply(machine: Machine, msg: Message) -> Message:
+    task = msg.content.config_records[TASK]
+    weights = msg.content.array_records["weights"].to_torch_state_dict()
+    try:
+        result = machine.train(weights, task)
+    except ShardMismatch as err:
+        return Message(Error(code=ERROR_SHARDS, reason=f"ShardMismatch: {machine.name}: {err}"), reply_to=msg)
+    if os.environ.get(PLANT_NAN_ENV):
+        first = next(iter(result.delta))
+        result.delta[first] = result.delta[first].clone()
+        result.delta[first].view(-1)[0] = float("nan")
+    elif not finite(result.delta):
+        return Message(Error(code=ERROR_DIVERGED, reason=f"{machine.name}: the task's training diverged (the delta "
+                             "is not finite); nothing was sent"), reply_to=msg)
+    content = RecordDict({
+        DELTA: ArrayRecord({k: v.contiguous() for k, v in result.delta.items()}),
+        METRICS: MetricRecord({WEIGHT: result.windows, "tokens": result.windows * int(task["context"]),
+                               "seconds": result.seconds, "loss": result.loss}),
+        TASK: ConfigRecord({"task-id": int(task["task-id"]), "run-id": str(task["run-id"]), "machine": machine.name}),
+    })
+    return Message(content, reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    return train_reply(machine_for(context.node_config), msg)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    info = msg.content.config_records.get(TASK) or {}
+    if info.get("done"):
+        state = Path(str(context.node_config["state"]))
+        state.mkdir(parents=True, exist_ok=True)
+        (state / "DONE").write_text(str(info.get("run-id", "")) + "\n")
+    return Message(RecordDict({TASK: ConfigRecord({"ok": 1})}), reply_to=msg)

@@ -1,0 +1,178 @@
+"""One machine's side of a federated round: check the shards against the server's, train the task's windows with the
+night's own step, return the delta.
+
+The inner steps are the night's (`training.step.train_step`, the night's optimizer built by `build_optimizer`, its
+`Schedule` at the task's place in the budget, the machine's own device plan for precision and Muon's Newton-Schulz).
+Batches are the task's windows in the run's seeded order, B at a time: a pure function of (seed, window range), so
+a re-issued range trains the same rows on any machine. The inner optimizer state stays on the machine (DiLoCo keeps
+it local), saved after every task, so a machine killed mid-task loses at most that task and rejoins with its state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from hitoban.errors import InputError
+from hitoban.training.data.reader import ShardReader
+from hitoban.training.data.shards import load_index, sha256_file
+from hitoban.training.federated.tasks import window_order
+from hitoban.training.pretrain.options import TrainingOptions
+
+MACHINE_ONLY = ("data", "cpu", "precision", "compile", "memory_cap_gb", "skip_memory_check", "grad_accum")
+PAUSE_PER_STEP_ENV = "HITOBAN_TEST_FEDERATED_STEP_PAUSE"  # tests: seconds to sleep per inner step (a slow machine)
+
+
+class ShardMismatch(InputError):
+    """This machine's shards are not the server's: it must not train (its delta would be of other text)."""
+
+
+def shard_digests(data: Path, state: Path) -> dict[str, str]:
+    """sha256 of every shard (and the index's tokenizer), hashed once and cached by (size, mtime) in the machine's
+    state folder: a restart does not re-read gigabytes."""
+    cache_path = state / "shard-sha256.json"
+    cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
+    digests, changed = {}, False
+    for shard in load_index(data)["shards"]:
+        path = data / shard["name"]
+        if not path.exists():
+            raise ShardMismatch(f"{path} is missing: copy the server's shards (check with `hitoban shards --verify`)")
+        key = f"{path.stat().st_size}:{path.stat().st_mtime_ns}"
+        if cache.get(shard["name"], {}).get("key") != key:
+            cache[shard["name"]] = {"key": key, "sha256": sha256_file(path)}
+            changed = True
+        digests[shard["name"]] = cache[shard["name"]]["sha256"]
+    if changed:
+        state.mkdir(parents=True, exist_ok=True)
+        cache_path.write_text(json.dumps(cache, indent=1))
+    return digests
+
+
+def check_shards(mine: dict[str, str], servers: dict[str, str]) -> None:
+    """Refuse, naming the first shard that differs, before a step is trained."""
+    for name, digest in servers.items():
+        if name not in mine:
+            raise ShardMismatch(f"shard {name} of the server's index is not on this machine")
+        if mine[name] != digest:
+            raise ShardMismatch(f"shard {name} differs from the server's (sha256 {mine[name][:12]}... here, "
+                                f"{digest[:12]}... there): copy the server's shards again")
+
+
+@dataclass
+class TaskResult:
+    delta: dict[str, torch.Tensor]  # fp16: the global weights minus this machine's after the task
+    windows: int
+    seconds: float
+    loss: float
+
+
+class Machine:
+    """A joined machine: its shards, its device, the folder where its inner optimizer state lives."""
+
+    def __init__(self, data: str | os.PathLike, state: str | os.PathLike, name: str, cpu: bool = False,
+                 precision: str = "auto", grad_accum: int = 1):
+        self.data, self.state, self.name = Path(data), Path(state), name
+        self.cpu, self.precision_option, self.grad_accum = cpu, precision, grad_accum
+        self.reader = ShardReader(self.data, "train")
+        self.digests = shard_digests(self.data, self.state)
+
+    def train(self, weights: dict[str, torch.Tensor], task: dict) -> TaskResult:
+        """Train windows [start, end) of the run's order from `weights`; return the delta and what it cost."""
+        from accelerate import Accelerator
+
+        from hitoban.modeling import HitobanForCausalLM
+        from hitoban.modeling.loading import device_for
+        from hitoban.training.hardware import check_precision, device_facts, plan_device
+        from hitoban.training.pretrain.optim import build_optimizer
+        from hitoban.training.pretrain.options import shaped_config
+        from hitoban.training.pretrain.resume import place_step_counters
+        from hitoban.training.pretrain.trainer import step_seed
+        from hitoban.training.schedule import Schedule
+        from hitoban.training.step import reset_accelerate_state, train_step
+
+        check_shards(self.digests, json.loads(task["shards"]))
+        options = TrainingOptions(data=str(self.data), **json.loads(task["options"]))
+        facts = device_facts(device_for(self.cpu))
+        plan = plan_device(facts)
+        precision = plan.precision if self.precision_option == "auto" else self.precision_option
+        check_precision(facts, precision)
+        reset_accelerate_state(cpu=self.cpu)
+        accelerator = Accelerator(cpu=self.cpu, mixed_precision=precision)
+        config, context = shaped_config(options.preset, self.reader.vocab_size, options.context,
+                                        dropout=options.dropout)
+        model = HitobanForCausalLM(config)
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        if unexpected or [k for k in missing if k != "lm_head.weight"]:
+            raise InputError(f"the server's weights do not fit the model (missing {missing}, unexpected {unexpected})")
+        schedule = Schedule(options.lr, int(task["total-steps"]), options.schedule, options.warmup_frac,
+                            options.min_lr_ratio, options.decay_frac)
+        optimizer = build_optimizer(model, options.optimizer, schedule.lr(0), options.weight_decay,
+                                    options.adam_bias_correction, plan.muon_dtype)
+        self._load_inner_state(model, optimizer, task["run-id"])
+        model, optimizer = accelerator.prepare(model, optimizer)
+        place_step_counters(optimizer)
+        order = window_order(int(task["seed"]), int(task["total-windows"]))
+        start, end, batch = int(task["start"]), int(task["end"]), options.batch_size
+        pause = float(os.environ.get(PAUSE_PER_STEP_ENV, 0))
+        losses, began = [], time.perf_counter()
+        for first in range(start, end, batch):
+            rows = self.reader.windows(order[first : min(first + batch, end)], context)
+            step = first // batch  # the place in the budget: the schedule a single machine would be at
+            for group in optimizer.param_groups:
+                group["lr"] = schedule.lr(step)
+            torch.manual_seed(step_seed(options.seed, step, 0))
+            loss, _ = train_step(model, optimizer, accelerator, rows, math.gcd(len(rows), self.grad_accum),
+                                 options.grad_clip)
+            losses.append(loss)
+            time.sleep(pause)
+        mean_loss = float(torch.stack(losses).mean()) if losses else float("nan")  # one host sync, at the end
+        seconds = time.perf_counter() - began
+        local = accelerator.unwrap_model(model)
+        self._save_inner_state(local, getattr(optimizer, "optimizer", optimizer), task["run-id"])
+        trained = dict(local.state_dict())
+        delta = {name: (w.float() - trained[name].detach().float().cpu()).to(torch.float16)
+                 for name, w in weights.items()}
+        reset_accelerate_state()
+        return TaskResult(delta, end - start, seconds, mean_loss)
+
+    # ---------------------------------------------------------------- the inner optimizer state, kept on the machine
+    def _inner_path(self) -> Path:
+        return self.state / "inner-optimizer.safetensors"
+
+    def _load_inner_state(self, model, optimizer, run_id: str) -> None:
+        from hitoban.training.pretrain.checkpoint import load_optimizer_tensors
+
+        path = self._inner_path()
+        if path.exists() and (self.state / "inner-run-id").read_text().strip() == run_id:
+            load_optimizer_tensors(model, optimizer, load_file(str(path)))
+
+    def _save_inner_state(self, model, optimizer, run_id: str) -> None:
+        """Atomic: a kill mid-save keeps the previous state, never half of one."""
+        from hitoban.training.pretrain.checkpoint import optimizer_tensors
+
+        self.state.mkdir(parents=True, exist_ok=True)
+        tmp = self._inner_path().with_suffix(".tmp")
+        save_file({k: v.detach().cpu().contiguous() for k, v in optimizer_tensors(model, optimizer).items()},
+                  str(tmp))
+        os.replace(tmp, self._inner_path())
+        (self.state / "inner-run-id").write_text(run_id + "\n")
+
+
+def trajectory_of(options: TrainingOptions) -> dict:
+    """The options every machine trains with (the server's), without the ones each machine decides for itself."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(TrainingOptions)} - set(MACHINE_ONLY)
+    return {k: v for k, v in dataclasses.asdict(options).items() if k in names}
+
+
+def finite(delta: dict[str, torch.Tensor]) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in delta.values())
+

@@ -1,0 +1,298 @@
+"""The federated run's server: rounds of DiLoCo over Flower's Grid, with the night's crash safety.
+
+Each round: wait for machines, give each a task sized from its measured tokens/s (training/federated/tasks.py), send
+the global weights and the task, collect the replies within the lease, refuse what must not be averaged
+(`outer.refusal`: an error, a stranger, a wrong shape or dtype, a non-finite delta), return lost tasks to the queue,
+apply the outer step, and save the global model, the outer momentum and the queue as an A/B checkpoint
+(training/pretrain/checkpoint.py, the night's own). Killed and started again with the same command, the server
+loads the last checkpoint and re-runs the round it was in: tasks are complete only once averaged in, so every
+token of the budget is trained exactly once in the final model. The run folder is an ordinary run's: final/ (a
+`from_pretrained` folder with tokenizer and lineage.json naming the federated run), log.jsonl, heartbeat.json,
+summary.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+import uuid
+from pathlib import Path
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+
+from hitoban.errors import UsageError
+from hitoban.provenance import read_lineage, write_json
+from hitoban.training.data.reader import ShardReader
+from hitoban.training.data.shards import load_index, sha256_file
+from hitoban.training.federated.inner import trajectory_of
+from hitoban.training.federated.options import ServeOptions
+from hitoban.training.federated.outer import DELTA, METRICS, TASK, DiLoCo, refusal, shared_tensors
+from hitoban.training.federated.tasks import Task, TaskQueue, slice_windows
+from hitoban.training.pretrain.checkpoint import (
+    TrainState,
+    check_resumable,
+    current_slot,
+    export_final,
+    load_latest,
+    save_checkpoint,
+)
+from hitoban.training.pretrain.resume import trajectory_fingerprint
+
+OPTIONS_FILE = "federate.json"  # the server's options, written by `federate serve`, read by the ServerApp
+DONE = "done"  # the message type's config value that tells a machine the run is over
+FEDERATED_KEYS = ("tokens", "inner_steps", "probe_steps", "outer_lr", "outer_momentum")
+
+
+def read_options(run: Path) -> ServeOptions:
+    return ServeOptions(**json.loads((run / OPTIONS_FILE).read_text()))
+
+
+class Server:
+    """One federated run, driven by a Flower `Grid` (the ServerApp's, or a test's in-process one)."""
+
+    def __init__(self, run: str | Path, log=print):
+        self.run, self.log = Path(run), log
+        self.options = options = read_options(self.run)
+        data = Path(options.data)
+        index = load_index(data)
+        self.train = ShardReader(data, "train")
+        self.val = ShardReader(data, "val", verify=False) if index["splits"]["val"]["tokens"] else None
+        from hitoban.modeling import HitobanForCausalLM
+        from hitoban.training.pretrain.options import shaped_config
+
+        self.config, self.context = shaped_config(options.preset, index["tokenizer"]["vocab_size"], options.context,
+                                                  dropout=options.dropout)
+        self.total_windows = int(self.train.window_counts(self.context).sum())
+        budget = options.tokens // self.context
+        if budget < 1 or budget > self.total_windows:
+            raise UsageError(f"--tokens {options.tokens:,} is {budget:,} windows of {self.context} tokens; the train "
+                             f"split has {self.total_windows:,} ({self.total_windows * self.context:,} tokens) and a "
+                             "federated run trains each once: give at most that many tokens")
+        self.total_steps = math.ceil(budget / options.batch_size)
+        self.shards = {s["name"]: s["sha256"] for s in index["shards"] if s["split"] == "train"}
+        fingerprint = trajectory_fingerprint(options, self.config, index, sha256_file(data / "shards_index.json"),
+                                             self.context, self.total_steps, "per machine")
+        self.fingerprint = {**fingerprint, **{k: getattr(options, k) for k in FEDERATED_KEYS}}
+        torch.manual_seed(options.seed)
+        self.model = HitobanForCausalLM(self.config)
+        self.strategy = DiLoCo(self.model, options.outer_lr, options.outer_momentum)
+        self.expected = {name: tuple(t.shape) for name, t in shared_tensors(self.model).items()}
+        self.tokenizer_dir = data / "tokenizer" if (data / "tokenizer").exists() else None
+        self.queue = TaskQueue(budget, options.batch_size)
+        self.state = TrainState(run_id=uuid.uuid4().hex, seed=options.seed, fingerprint=self.fingerprint,
+                                data_index_sha256=self.fingerprint["data_index_sha256"],
+                                args={k: v for k, v in dataclasses.asdict(options).items() if k not in ("data", "out")})
+        self.machines: dict[str, dict] = {}  # str(node id) -> {"name", "tok_s"}
+        self.refused_nodes: dict[str, str] = {}
+        self.rounds_log: list[dict] = []
+        self.resumed = self._resume()
+
+    def _resume(self) -> bool:
+        if self.options.resume != "auto" or current_slot(self.run) is None:
+            return False
+        _, saved, _, _ = load_latest(self.run, self.model, self.strategy.optimizer,
+                                     check=lambda state: check_resumable(state, self.fingerprint), log=self.log)
+        extra = saved.extra
+        self.queue = TaskQueue.from_json(extra["queue"])
+        self.machines, self.refused_nodes = extra["machines"], extra["refused_nodes"]
+        self.state = dataclasses.replace(saved, resumes=saved.resumes + 1)
+        self.log(f"# resumed at round {saved.step} ({self.queue.completed_windows:,} of "
+                 f"{self.queue.budget_windows:,} windows trained), resume {self.state.resumes}")
+        self._record({"type": "resume", "round": saved.step, "resumes": self.state.resumes})
+        return True
+
+    # ------------------------------------------------------------------------------------------------ the rounds
+    def serve(self, grid) -> dict:
+        """Rounds until every window of the budget is in the global model; then final/ and summary.json."""
+        started = time.time()
+        self.state.elapsed_sec = self.state.elapsed_sec or 0.0
+        session_start, elapsed_before = time.time(), self.state.elapsed_sec
+        while not self.queue.finished:
+            nodes = self._wait_for_machines(grid)
+            self._round(grid, nodes)
+            self.state.elapsed_sec = elapsed_before + time.time() - session_start
+            if self.state.step % self.options.eval_every == 0 or self.queue.finished:
+                self._evaluate()
+            self._save()
+        self._finish(grid)
+        return self._summarise(started)
+
+    def _wait_for_machines(self, grid) -> list[int]:
+        deadline = time.time() + self.options.wait_minutes * 60
+        while True:
+            nodes = sorted(n for n in grid.get_node_ids() if str(n) not in self.refused_nodes)
+            if len(nodes) >= self.options.min_machines:
+                return nodes
+            if time.time() > deadline:
+                raise RuntimeError(f"only {len(nodes)} machine(s) connected for {self.options.wait_minutes:g} min "
+                                   f"(--min-machines {self.options.min_machines}); start more with `hitoban federate "
+                                   "join`, then start the server again with the same command (it resumes)")
+            time.sleep(1.0)
+
+    def _task_config(self, task: Task) -> ConfigRecord:
+        return ConfigRecord({
+            "run-id": self.state.run_id, "task-id": task.task_id, "start": task.start, "end": task.end,
+            "seed": self.options.seed, "context": self.context, "total-windows": self.total_windows,
+            "total-steps": self.total_steps, "round": task.round,
+            "options": json.dumps(trajectory_of(self.options)), "shards": json.dumps(self.shards)})
+
+    def _round(self, grid, nodes: list[int]) -> None:
+        round_ = self.state.step + 1
+        speeds = {n: (self.machines.get(str(n)) or {}).get("tok_s") for n in nodes}
+        sizes = slice_windows(speeds, self.options.inner_steps, self.options.batch_size, self.options.probe_steps)
+        weights = ArrayRecord({k: v.detach().float().cpu() for k, v in shared_tensors(self.model).items()})
+        down = weights.count_bytes()
+        tasks: dict[int, Task] = {}
+        for node in nodes:
+            task = self.queue.take(sizes[node], node, round_)
+            if task is not None:
+                tasks[node] = task
+        messages = [Message(RecordDict({"weights": weights, TASK: self._task_config(task)}), dst_node_id=node,
+                            message_type=MessageType.TRAIN) for node, task in tasks.items()]
+        began = time.time()
+        self.log(f"round {round_}: {len(tasks)} machine(s), windows "
+                 + ", ".join(f"{self._name(n)} [{t.start:,}, {t.end:,})" for n, t in tasks.items()))
+        replies = list(grid.send_and_receive(messages, timeout=self.options.lease_minutes * 60))
+        by_node: dict[int, Message] = {}
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            if node in tasks and node not in by_node:
+                by_node[node] = reply
+            else:  # a reply nobody asked for (or a second one): logged, never averaged
+                self._refuse(round_, node, refusal(reply, None, self.expected, self.state.run_id))
+        accepted = []
+        for node, task in tasks.items():
+            reply = by_node.get(node)
+            if reply is not None and reply.has_content() and TASK in reply.content.config_records:
+                named = reply.content.config_records[TASK].get("machine")  # a label for the records, trusted no more
+                if named:
+                    self.machines.setdefault(str(node), {"tok_s": None})["name"] = str(named)
+            why = (f"no reply within the lease ({self.options.lease_minutes:g} min)" if reply is None else
+                   refusal(reply, task, self.expected, self.state.run_id))
+            if why is None:
+                accepted.append((reply, task))
+                continue
+            self._refuse(round_, node, why, task)
+            self.queue.lose(task, self._name(node), why, down)
+            if reply is not None and reply.has_error() and "ShardMismatch" in reply.error.reason:
+                self.refused_nodes[str(node)] = reply.error.reason  # never given a task again
+        if accepted:
+            self.strategy.aggregate_train(round_, [reply for reply, _ in accepted])
+        round_tokens = 0
+        for reply, task in accepted:
+            metrics, info = reply.content.metric_records[METRICS], reply.content.config_records[TASK]
+            node = reply.metadata.src_node_id
+            tok_s = float(metrics["tokens"]) / max(float(metrics["seconds"]), 1e-9)
+            self.machines[str(node)] = {"name": str(info.get("machine", f"node-{node}")), "tok_s": tok_s}
+            up = reply.content.array_records[DELTA].count_bytes()
+            self.queue.complete(task, self._name(node), float(metrics["seconds"]), up, down)
+            round_tokens += task.windows * self.context
+        self.state.step = round_
+        self.state.tokens_seen = self.queue.completed_windows * self.context
+        seconds = time.time() - began
+        record = {"type": "round", "round": round_, "machines": len(tasks), "accepted": len(accepted),
+                  "tokens": round_tokens, "tokens_seen": self.state.tokens_seen, "seconds": round(seconds, 2),
+                  "train_loss": (sum(float(r.content.metric_records[METRICS]["loss"]) * t.windows for r, t in accepted)
+                                 / max(sum(t.windows for _, t in accepted), 1)) if accepted else None,
+                  "bytes_down": down * len(tasks), "bytes_up": sum(r.content.array_records[DELTA].count_bytes()
+                                                                   for r, _ in accepted)}
+        self.rounds_log.append(record)
+        self._record(record)
+        self._heartbeat(seconds, record)
+
+    def _refuse(self, round_: int, node: int, why: str, task: Task | None = None) -> None:
+        lost = f"; its task {task.task_id} goes back to the queue" if task is not None else ""
+        self.log(f"round {round_}: {self._name(node)}: refused: {why}{lost}")
+        self._record({"type": "refused", "round": round_, "node": node, "why": why,
+                      "task": None if task is None else task.task_id})
+
+    def _name(self, node: int) -> str:
+        return (self.machines.get(str(node)) or {}).get("name", f"node-{node}")
+
+    # -------------------------------------------------------------------------------------- records and the end
+    def _record(self, record: dict) -> None:
+        self.run.mkdir(parents=True, exist_ok=True)
+        with open(self.run / "log.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps({**record, "time": round(time.time(), 1)}, ensure_ascii=False) + "\n")
+
+    def _heartbeat(self, round_seconds: float, record: dict, finished: bool = False) -> None:
+        queue, left = self.queue, self.queue.budget_windows - self.queue.completed_windows
+        rate = record["tokens"] / max(round_seconds, 1e-9) if record.get("tokens") else None
+        write_json(self.run / "heartbeat.json", {
+            "kind": "federated-heartbeat", "schema": 1, "round": self.state.step, "tokens_seen": self.state.tokens_seen,
+            "token_budget": queue.budget_windows * self.context, "machines": {
+                m.get("name", node): {"tok_s": round(m["tok_s"] or 0, 1), **queue.per_node.get(m.get("name"), {})}
+                for node, m in self.machines.items()},
+            "reissued": len(queue.reissued), "bytes_sent": sum(t["bytes_up"] + t["bytes_down"]
+                                                               for t in queue.per_node.values()),
+            "train_loss": record.get("train_loss"), "best_val": self.state.best_val,
+            "eta_hours": (left * self.context / rate / 3600) if rate and not finished else None,
+            "elapsed_hours": round(self.state.elapsed_sec / 3600, 4), "resumes": self.state.resumes,
+            "finished": finished, "updated_at": time.time()})
+
+    def _evaluate(self) -> None:
+        if self.val is None:
+            return
+        from hitoban.training.pretrain.trainer import evaluate
+
+        domains = getattr(self, "_domains", None)
+        if domains is None:
+            batch = min(self.options.batch_size, 16)
+            domains = self._domains = self.val.domain_streams(self.options.eval_batches * batch * (self.context + 1))
+        from contextlib import nullcontext
+
+        result = evaluate(self.model, self.val, domains, self.options.eval_batches, min(self.options.batch_size, 16),
+                          self.context, nullcontext)
+        self._record({"type": "eval", "round": self.state.step, **result})
+        self.state.best_val = result["val_loss"]  # the final model is the last global model: its loss is recorded
+        self.log(f"round {self.state.step}: val loss {result['val_loss']:.4f}")
+
+    def _save(self) -> Path:
+        self.state.extra = {"queue": self.queue.to_json(), "machines": self.machines,
+                            "refused_nodes": self.refused_nodes}
+        return save_checkpoint(self.run, self.model, self.strategy.optimizer, self.state, self.tokenizer_dir)
+
+    def lineage(self) -> dict:
+        queue = self.queue
+        return {"kind": "federated", "rounds": self.state.step, "algorithm": "DiLoCo (outer SGD, Nesterov "
+                f"{self.options.outer_momentum}, lr {self.options.outer_lr}; inner: the night's step)",
+                "machines": {name: {"tokens": t["windows"] * self.context, "tasks": t["tasks"],
+                                    "lost_tasks": t["lost_tasks"]} for name, t in queue.per_node.items()},
+                "reissued_ranges": len(queue.reissued)}
+
+    def _finish(self, grid) -> None:
+        slot = current_slot(self.run)
+        export_final(self.run, slot, {
+            "run": self.run.name, "run_id": self.state.run_id, "step": self.state.step, "rounds": self.state.step,
+            "total_steps": self.total_steps, "val_loss": self.state.best_val, "tokens_seen": self.state.tokens_seen,
+            "resumes": self.state.resumes, "elapsed_hours": round(self.state.elapsed_sec / 3600, 4),
+            "hardware": "federated: " + ", ".join(sorted(self.queue.per_node)), "federated": self.lineage(),
+            "data_index_sha256": self.fingerprint["data_index_sha256"],
+            "tokenizer_sha256": self.fingerprint["tokenizer_sha256"]})
+        nodes = list(grid.get_node_ids())
+        if nodes:  # tell the machines the run is over (best effort: a machine that misses it just idles)
+            done = [Message(RecordDict({TASK: ConfigRecord({"run-id": self.state.run_id, DONE: 1})}),
+                            dst_node_id=n, message_type=MessageType.QUERY) for n in nodes]
+            list(grid.send_and_receive(done, timeout=30))
+
+    def _summarise(self, started: float) -> dict:
+        queue = self.queue
+        final = read_lineage(self.run / "final")
+        summary = {"kind": "federated-summary", "schema": 1, "run_id": self.state.run_id, "rounds": self.state.step,
+                   "tokens_seen": self.state.tokens_seen, "token_budget": queue.budget_windows * self.context,
+                   "windows": queue.budget_windows, "context": self.context, "best_val": self.state.best_val,
+                   "resumes": self.state.resumes, "stop_reason": "budget",
+                   "per_machine": {name: {**t, "tokens": t["windows"] * self.context}
+                                   for name, t in queue.per_node.items()},
+                   "reissued": queue.reissued, "refused_nodes": self.refused_nodes,
+                   "session_seconds": round(time.time() - started, 1),
+                   "elapsed_hours": round(self.state.elapsed_sec / 3600, 4),
+                   "final_weights_sha256": final.get("weights_sha256"), "final_step": final.get("step")}
+        write_json(self.run / "summary.json", summary)
+        self._heartbeat(1.0, {"tokens": 0, "train_loss": None}, finished=True)
+        self.log(f"federate: finished after {self.state.step} rounds, {self.state.tokens_seen:,} tokens; "
+                 f"final/ in {self.run}")
+        return summary
