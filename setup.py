@@ -3,7 +3,7 @@
 from setuptools import setup
 
 AREAS = ["modeling", "training", "evaluation", "release"]
-ROOMS = ["data", "pretrain", "finetune"]  # training/'s rooms, along the command line's stages
+ROOMS = ["data", "pretrain", "finetune", "federated"]  # training/'s rooms, along the command line's stages
 
 setup(
     name="hitoban",
@@ -48,9 +48,13 @@ setup(
                 # transformers' own common model tests (tests/test_transformers_common.py) import it
                 "parameterized>=0.9", "peft>=0.13",
                 # hitoban export-gguf and its tests
-                "gguf>=0.17"],
+                "gguf>=0.17",
+                # hitoban federate and its tests (one environment with gradio: flwr pins fastapi/starlette)
+                "flwr>=1.42,<1.43"],
         "lora": ["peft>=0.13"],  # hitoban sft/tone --lora
         "gguf": ["gguf>=0.17"],  # hitoban export-gguf
+        # hitoban federate: several machines on Flower (its Message API and HTTP SuperLink are 1.42's)
+        "federated": ["flwr>=1.42,<1.43"],
         # export-gguf --verify runs the file in llama.cpp; llama-cpp-python compiles llama.cpp (minutes)
         "llama": ["gguf>=0.17", "llama-cpp-python>=0.3.9"],
     },

@@ -7,12 +7,13 @@ import argparse
 import sys
 
 from hitoban.errors import ExitCode, HitobanError
-from hitoban.verbs import VERBS, data, finetune, measure, models, pretraining, publish, start  # noqa: F401
+from hitoban.verbs import VERBS, data, federated, finetune, measure, models, pretraining, publish, start  # noqa: F401
 
 PIPELINE = {  # the order a night goes in; `hitoban --help` lists the verbs this way
     "start here": ["demo", "doctor"],
     "data": ["corpus", "tokenizer", "shards"],
     "pretraining": ["calibrate", "killtest", "pretrain", "watch", "plot"],
+    "several machines": ["federate"],
     "fine-tuning": ["check-mask", "sft", "tone", "chat"],
     "evaluation": ["eval", "compare", "leaks", "pii"],
     "publishing": ["secrets", "card", "upload", "space"],

@@ -50,6 +50,9 @@ def train_reply(machine: Machine, msg: Message) -> Message:
     elif not finite(result.delta):
         return Message(Error(code=ERROR_DIVERGED, reason=f"{machine.name}: the task's training diverged (the delta "
                              "is not finite); nothing was sent"), reply_to=msg)
+    print(f"hitoban: {machine.name}: task {int(task['task-id'])}, windows [{int(task['start']):,}, "
+          f"{int(task['end']):,}): {result.windows * int(task['context']):,} tokens in {result.seconds:.1f} s, loss "
+          f"{result.loss:.4f}", flush=True)
     content = RecordDict({
         DELTA: ArrayRecord({k: v.contiguous() for k, v in result.delta.items()}),
         METRICS: MetricRecord({WEIGHT: result.windows, "tokens": result.windows * int(task["context"]),

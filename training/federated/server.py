@@ -46,6 +46,23 @@ DONE = "done"  # the message type's config value that tells a machine the run is
 FEDERATED_KEYS = ("tokens", "inner_steps", "probe_steps", "outer_lr", "outer_momentum")
 
 
+def plan_budget(options: ServeOptions) -> tuple:
+    """(model config, context, train windows, budget windows); a UsageError when the budget does not fit the data
+    (a federated run trains each window once)."""
+    from hitoban.training.pretrain.options import shaped_config
+
+    index = load_index(Path(options.data))
+    config, context = shaped_config(options.preset, index["tokenizer"]["vocab_size"], options.context,
+                                    dropout=options.dropout)
+    total = int(ShardReader(options.data, "train").window_counts(context).sum())
+    budget = options.tokens // context
+    if budget < 1 or budget > total:
+        raise UsageError(f"--tokens {options.tokens:,} is {budget:,} windows of {context} tokens; the train split "
+                         f"has {total:,} ({total * context:,} tokens) and a federated run trains each once: give "
+                         "at most that many tokens")
+    return config, context, total, budget
+
+
 def read_options(run: Path) -> ServeOptions:
     return ServeOptions(**json.loads((run / OPTIONS_FILE).read_text()))
 
@@ -61,16 +78,8 @@ class Server:
         self.train = ShardReader(data, "train")
         self.val = ShardReader(data, "val", verify=False) if index["splits"]["val"]["tokens"] else None
         from hitoban.modeling import HitobanForCausalLM
-        from hitoban.training.pretrain.options import shaped_config
 
-        self.config, self.context = shaped_config(options.preset, index["tokenizer"]["vocab_size"], options.context,
-                                                  dropout=options.dropout)
-        self.total_windows = int(self.train.window_counts(self.context).sum())
-        budget = options.tokens // self.context
-        if budget < 1 or budget > self.total_windows:
-            raise UsageError(f"--tokens {options.tokens:,} is {budget:,} windows of {self.context} tokens; the train "
-                             f"split has {self.total_windows:,} ({self.total_windows * self.context:,} tokens) and a "
-                             "federated run trains each once: give at most that many tokens")
+        self.config, self.context, self.total_windows, budget = plan_budget(options)
         self.total_steps = math.ceil(budget / options.batch_size)
         self.shards = {s["name"]: s["sha256"] for s in index["shards"] if s["split"] == "train"}
         fingerprint = trajectory_fingerprint(options, self.config, index, sha256_file(data / "shards_index.json"),
@@ -156,9 +165,12 @@ class Server:
         self.log(f"round {round_}: {len(tasks)} machine(s), windows "
                  + ", ".join(f"{self._name(n)} [{t.start:,}, {t.end:,})" for n, t in tasks.items()))
         replies = list(grid.send_and_receive(messages, timeout=self.options.lease_minutes * 60))
+        # which node a reply answers: by the message it replies to (the SuperLink's own errors, e.g. a node gone
+        # offline, come from node 1); the sender is then checked against the task's node (`refusal`)
+        asked = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
         by_node: dict[int, Message] = {}
         for reply in replies:
-            node = reply.metadata.src_node_id
+            node = asked.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
             if node in tasks and node not in by_node:
                 by_node[node] = reply
             else:  # a reply nobody asked for (or a second one): logged, never averaged
@@ -260,7 +272,8 @@ class Server:
         return {"kind": "federated", "rounds": self.state.step, "algorithm": "DiLoCo (outer SGD, Nesterov "
                 f"{self.options.outer_momentum}, lr {self.options.outer_lr}; inner: the night's step)",
                 "machines": {name: {"tokens": t["windows"] * self.context, "tasks": t["tasks"],
-                                    "lost_tasks": t["lost_tasks"]} for name, t in queue.per_node.items()},
+                                    "lost_tasks": t["lost_tasks"]} for name, t in queue.per_node.items()
+                             if t["windows"]},  # the machines whose training is in these weights
                 "reissued_ranges": len(queue.reissued)}
 
     def _finish(self, grid) -> None:

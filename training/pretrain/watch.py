@@ -20,6 +20,8 @@ def render(run: str | Path, now: float | None = None) -> str:
     except json.JSONDecodeError:
         return f"{path} is being written; try again"
     now = now or time.time()
+    if hb.get("kind") == "federated-heartbeat":
+        return render_federated(hb, now)
     done = hb["step"] / max(hb["total_steps"], 1)
     bar = "█" * round(done * 32) + "░" * (32 - round(done * 32))
     best = f"{hb['best_val']:.4f}" if hb.get("best_val") is not None else "not measured yet"
@@ -46,10 +48,31 @@ def render(run: str | Path, now: float | None = None) -> str:
     return "\n".join(lines)
 
 
+def render_federated(hb: dict, now: float) -> str:
+    """A federated run (training/federated/server.py): rounds, machines, tokens, bytes sent, ETA."""
+    done = hb["tokens_seen"] / max(hb["token_budget"], 1)
+    bar = "█" * round(done * 32) + "░" * (32 - round(done * 32))
+    best = f"{hb['best_val']:.4f}" if hb.get("best_val") is not None else "not measured yet"
+    lines = [f"[{bar}] {done:6.1%}  round {hb['round']:,}  tokens {hb['tokens_seen']:,} / {hb['token_budget']:,}",
+             f"val loss {best}   sent {hb['bytes_sent'] / 2**20:,.1f} MiB   re-issued ranges {hb['reissued']}   "
+             f"elapsed {hb['elapsed_hours']:.2f} h   resumes {hb['resumes']}"]
+    for name, m in sorted(hb["machines"].items()):
+        lines.append(f"  {name:<16} {m.get('tok_s', 0) / 1000:7.1f}k tok/s  {m.get('windows', 0):>9,} windows  "
+                     f"{m.get('tasks', 0):>4} tasks  {m.get('lost_tasks', 0):>3} lost")
+    if hb.get("eta_hours") is not None and not hb.get("finished"):
+        finish = datetime.fromtimestamp(now + hb["eta_hours"] * 3600).strftime("%H:%M")
+        lines.append(f"ETA {hb['eta_hours']:.2f} h (about {finish})")
+    age = now - hb["updated_at"]
+    lines.append("finished" if hb.get("finished") else
+                 f"no update for {age / 60:.0f} min: a round may be waiting for a machine's lease, or the server "
+                 "stopped (the same command resumes)" if age > STALE_SECONDS else f"updated {age:.0f} s ago")
+    return "\n".join(lines)
+
+
 def watch(run: str | Path, interval: float = 10.0, once: bool = False) -> None:
     while True:
         text = render(run)
         print(text if once else "\033[2J\033[H" + text, flush=True)
-        if once or "finished:" in text:
+        if once or "finished" in text.splitlines()[-1]:
             return
         time.sleep(interval)

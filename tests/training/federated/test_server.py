@@ -49,7 +49,8 @@ class LocalGrid:
         if self.round == self.crash_at:
             raise Crash
         replies = []
-        for message in messages:
+        for i, message in enumerate(messages):
+            message.metadata.__dict__["_message_id"] = f"{self.round}-{i}"  # as Flower's push does
             node = message.metadata.dst_node_id
             if (self.round, node) in self.silent:
                 continue
