@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from hitoban.errors import InputError
 from hitoban.training.data.reader import ShardReader
 from hitoban.training.data.shards import load_index, sha256_file
-from hitoban.training.federated.tasks import window_order
+from hitoban.training.federated.tasks import budget_windows
 from hitoban.training.pretrain.options import TrainingOptions
 
 MACHINE_ONLY = ("data", "cpu", "precision", "compile", "memory_cap_gb", "skip_memory_check", "grad_accum")
@@ -118,12 +118,12 @@ class Machine:
         self._load_inner_state(model, optimizer, task["run-id"])
         model, optimizer = accelerator.prepare(model, optimizer)
         place_step_counters(optimizer)
-        order = window_order(int(task["seed"]), int(task["total-windows"]))
         start, end, batch = int(task["start"]), int(task["end"]), options.batch_size
+        ids = budget_windows(int(task["seed"]), int(task["total-windows"]), start, end)
         pause = float(os.environ.get(PAUSE_PER_STEP_ENV, 0))
         losses, began = [], time.perf_counter()
         for first in range(start, end, batch):
-            rows = self.reader.windows(order[first : min(first + batch, end)], context)
+            rows = self.reader.windows(ids[first - start : min(first + batch, end) - start], context)
             step = first // batch  # the place in the budget: the schedule a single machine would be at
             for group in optimizer.param_groups:
                 group["lr"] = schedule.lr(step)

@@ -47,8 +47,7 @@ FEDERATED_KEYS = ("tokens", "inner_steps", "probe_steps", "outer_lr", "outer_mom
 
 
 def plan_budget(options: ServeOptions) -> tuple:
-    """(model config, context, train windows, budget windows); a UsageError when the budget does not fit the data
-    (a federated run trains each window once)."""
+    """(model config, context, train windows, budget windows); a UsageError when the budget is not one window."""
     from hitoban.training.pretrain.options import shaped_config
 
     index = load_index(Path(options.data))
@@ -56,10 +55,9 @@ def plan_budget(options: ServeOptions) -> tuple:
                                     dropout=options.dropout)
     total = int(ShardReader(options.data, "train").window_counts(context).sum())
     budget = options.tokens // context
-    if budget < 1 or budget > total:
-        raise UsageError(f"--tokens {options.tokens:,} is {budget:,} windows of {context} tokens; the train split "
-                         f"has {total:,} ({total * context:,} tokens) and a federated run trains each once: give "
-                         "at most that many tokens")
+    if budget < 1 or total < 1:
+        raise UsageError(f"--tokens {options.tokens:,} is {budget:,} windows of {context} tokens and the train split "
+                         f"has {total:,}: a federated run needs at least one of each")
     return config, context, total, budget
 
 

@@ -1,8 +1,9 @@
 """The federated run's work: the token budget as a queue of window ranges, handed out per round and per machine.
 
 The budget is a sequence of context windows (ctx + 1 tokens, stride ctx, so every token is a target once), in a
-seeded order over every train shard's windows (`window_order`): a task is a range [start, end) of that sequence,
-and so samples all shards as the single-machine night's random batches do. Each round every machine gets a range
+seeded order over every train shard's windows (`window_order`; a budget longer than the data continues into another
+epoch in another order): a task is a range [start, end) of that sequence, and so samples all shards as the
+single-machine night's random batches do. Each round every machine gets a range
 sized from its measured tokens/s, so the rounds end together; a range whose delta never arrives (the machine missed
 its lease, or its reply was refused) goes back to the head of the queue and is handed out again. A range is
 `complete` only once its delta is averaged into the global model, so each window of the budget is trained exactly
@@ -19,10 +20,22 @@ import numpy as np
 
 
 @lru_cache(maxsize=4)
-def window_order(seed: int, total_windows: int) -> np.ndarray:
-    """The run's window sequence: a permutation of every train window, a pure function of (seed, count), so the
-    server and each machine agree on which windows a range holds without sending them."""
-    return np.random.default_rng([seed, 0xFED]).permutation(total_windows)
+def window_order(seed: int, total_windows: int, epoch: int = 0) -> np.ndarray:
+    """One epoch of the run's window sequence: a permutation of every train window, a pure function of (seed,
+    count, epoch), so the server and each machine agree on which windows a range holds without sending them."""
+    return np.random.default_rng([seed, 0xFED, epoch]).permutation(total_windows)
+
+
+def budget_windows(seed: int, total_windows: int, start: int, end: int) -> np.ndarray:
+    """Window ids of budget positions [start, end): a budget longer than the data runs on into further epochs, each
+    in its own order (as the night's random batches see the data more than once)."""
+    positions = np.arange(start, end, dtype=np.int64)
+    epochs, offsets = np.divmod(positions, total_windows)
+    ids = np.empty_like(positions)
+    for epoch in np.unique(epochs):
+        chosen = epochs == epoch
+        ids[chosen] = window_order(seed, total_windows, int(epoch))[offsets[chosen]]
+    return ids
 
 
 @dataclass

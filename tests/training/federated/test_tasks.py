@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hitoban.training.federated.tasks import TaskQueue, slice_windows, window_order
+from hitoban.training.federated.tasks import TaskQueue, budget_windows, slice_windows, window_order
 
 
 @settings(max_examples=60, deadline=None)
@@ -56,6 +56,13 @@ def test_window_order_is_a_seeded_permutation():
     order = window_order(3, 1000)
     assert sorted(order.tolist()) == list(range(1000))
     assert (order == window_order(3, 1000)).all() and not (order == window_order(4, 1000)).all()
+
+
+def test_a_budget_longer_than_the_data_runs_into_further_epochs_each_window_once_per_epoch():
+    ids = budget_windows(5, 10, 0, 25)
+    assert sorted(ids[:10].tolist()) == sorted(ids[10:20].tolist()) == list(range(10))
+    assert not (ids[:10] == ids[10:20]).all()  # each epoch in its own order
+    assert (budget_windows(5, 10, 7, 23) == ids[7:23]).all()  # a range is the same windows wherever it is cut
 
 
 def test_windows_read_the_tokens_they_name(tiny_shards):

@@ -1,0 +1,123 @@
+"""The yardstick for `hitoban federate`: one machine's `hitoban pretrain` against DiLoCo runs of 1, 2 and 4 machines.
+
+Same shards (benchmarks/bench_night.py's), same shape, same total tokens. The federated runs are the README's
+commands on loopback: `hitoban federate serve --insecure` and N `hitoban federate join` processes, Flower's real
+SuperLink and SuperNodes (every message pays Flower's polling, ~3 s each way, and a fresh ClientApp process). The
+machines share this computer's cores (each gets cores / N threads), so wall time says what the protocol costs here,
+not what N computers would take. Every model is scored with `hitoban eval bpc`'s bits/char on held-out literature and
+web never trained on. Bytes: what each machine sent and received (the ArrayRecords' sizes, fp32 weights down, fp16
+deltas up) against what DDP would all-reduce at the same tokens and global batch: a ring all-reduce of fp32
+gradients sends 2 (n - 1) / n x 4 bytes per parameter per step from each machine.
+
+    python benchmarks/bench_federated.py [--tokens 2457600] [--inner-steps 75] [--machines 1 2 4] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench_night import bits_per_char, prepare, run
+from corpora import pick_corpus
+
+CLI = [sys.executable, "-m", "hitoban.cli"]
+SHAPE = ["--preset", "tiny", "--context", "256", "--batch-size", "16", "--cpu"]
+
+
+def free_port() -> int:
+    from hitoban.training.federated.launch import free_port as pick
+
+    return pick()
+
+
+def federated(shards: Path, out: Path, machines: int, tokens: int, inner_steps: int) -> dict:
+    """serve + `machines` joins on loopback; returns the summary and the wall time from the first process start."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    port = free_port()
+    started = time.time()
+    threads = str(max(1, (os.cpu_count() or 2) // machines))
+    server = subprocess.Popen(CLI + ["federate", "serve", "--data", str(shards), "--out", str(out / "run"), *SHAPE,
+                                     "--tokens", str(tokens), "--inner-steps", str(inner_steps), "--probe-steps",
+                                     str(inner_steps), "--min-machines", str(machines), "--port", str(port),
+                                     "--insecure", "--eval-every", "1000"],
+                              stdout=open(out / "serve.log", "wb"), stderr=subprocess.STDOUT)
+    joins = [subprocess.Popen(CLI + ["federate", "join", f"127.0.0.1:{port}", "--data", str(shards), "--state",
+                                     str(out / f"machine-{i}"), "--name", f"machine-{i}", "--insecure", "--cpu"],
+                              stdout=open(out / f"machine-{i}.log", "wb"), stderr=subprocess.STDOUT,
+                              env={**os.environ, "OMP_NUM_THREADS": threads})
+             for i in range(machines)]
+    code = server.wait()
+    for join in joins:
+        try:
+            join.wait(60)
+        except subprocess.TimeoutExpired:
+            join.kill()
+    if code:
+        raise SystemExit(f"federate serve failed:\n{(out / 'serve.log').read_text()[-3000:]}")
+    return {"seconds": time.time() - started, **json.loads((out / "run" / "summary.json").read_text())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=2_457_600, help="every run's token budget (600 x 16 x 256)")
+    parser.add_argument("--inner-steps", type=int, default=75, help="DiLoCo's H for the federated runs")
+    parser.add_argument("--machines", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--corpus", help="corpus folder (default: the larger corpus if present, else tests/corpus)")
+    parser.add_argument("--out", default="bench-federated")
+    args = parser.parse_args()
+    out = Path(args.out)
+    shards, domains = prepare(pick_corpus(args.corpus)[0], out)
+    from hitoban.modeling import HitobanForCausalLM
+
+    single = out / "runs" / "single"
+    shutil.rmtree(single, ignore_errors=True)
+    seconds = {"one machine (hitoban pretrain)": run(CLI + ["pretrain", "--data", str(shards), *SHAPE, "--tokens",
+                                                            str(args.tokens), "--out", str(single), "--no-progress"])}
+    models = {"one machine (hitoban pretrain)": single / "final"}
+    summaries = {}
+    for n in args.machines:
+        label = f"federated, {n} machine{'s' if n > 1 else ''} (DiLoCo H={args.inner_steps})"
+        summaries[label] = federated(shards, out / "runs" / f"fed-{n}", n, args.tokens, args.inner_steps)
+        seconds[label] = summaries[label]["seconds"]
+        models[label] = out / "runs" / f"fed-{n}" / "run" / "final"
+    bpc = bits_per_char(models, domains, out)
+    params = HitobanForCausalLM.from_pretrained(single / "final").num_parameters()  # tied: counted once
+    steps = args.tokens // (16 * 256)
+    base = {d: bpc[("one machine (hitoban pretrain)", d)] for d in ("literature", "web")}
+    lines = [f"same shards, `tiny` shape ({params / 1e6:.2f}M parameters), {args.tokens:,} tokens each, on "
+             f"{os.cpu_count()} shared CPU cores; bytes per machine (sent + received) against DDP's ring all-reduce "
+             f"of fp32 gradients over {steps} steps",
+             "| run | rounds | wall s | bits/char literature | bits/char web | vs one machine (lit / web) | "
+             "MB per machine | DDP MB per machine | DDP / federated bytes |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for label in models:
+        lit, web = bpc[(label, "literature")], bpc[(label, "web")]
+        row = f"| {label} | "
+        if label in summaries:
+            s = summaries[label]
+            n = len([m for m in s["per_machine"].values() if m["windows"]])
+            per = max(m["bytes_up"] + m["bytes_down"] for m in s["per_machine"].values()) / 1e6
+            ddp = steps * 2 * (n - 1) / n * 4 * params / 1e6 if n > 1 else 0.0
+            ratio = f"{ddp / per:,.0f}x" if ddp else "(no all-reduce)"
+            row += f"{s['rounds']} | {seconds[label]:.0f} | "
+            tail = f" | {per:,.1f} | {ddp:,.1f} | {ratio} |"
+        else:
+            row += f"- | {seconds[label]:.0f} | "
+            tail = " | - | - | - |"
+        lines.append(row + f"{lit:.3f} | {web:.3f} | {lit - base['literature']:+.3f} / {web - base['web']:+.3f}"
+                     + tail)
+    print("\n".join(lines))
+    (out / "bench_federated.json").write_text(json.dumps({
+        "tokens": args.tokens, "inner_steps": args.inner_steps, "seconds": seconds,
+        "bpc": {f"{k[0]} | {k[1]}": v for k, v in bpc.items()}, "summaries": summaries}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
