@@ -56,6 +56,11 @@ def smaller(corpus: Path) -> list[tuple[str, str]]:
         ("hitoban secrets . --git", f"hitoban secrets {REPO} --git"),
         ("--out eval/bpc.json", "--out eval/bpc.json --max-chars 50000"),
         ('"your-name/hitoban-3lm"', '"runs/sft"'),
+        ("--preset 3lm --tokens 1e9 --keys keys --min-machines 2",
+         "--preset tiny --context 64 --batch-size 8 --tokens 8192 --inner-steps 4 --probe-steps 4 --cpu "
+         "--eval-batches 2 --keys keys --min-machines 2"),
+        ("--state machines/3060 >", "--state machines/3060 --cpu >"),
+        ("--state machines/1050 >", "--state machines/1050 --cpu >"),
     ]
 
 
@@ -178,7 +183,7 @@ def test_every_ci_command_in_the_readme_runs(tmp_path, monkeypatch, large_corpus
                  "runs/tone-trainer/model.safetensors", "runs/ddp/log.jsonl", "runs/tone-lora/adapter_config.json",
                  "runs/tone-merged/model.safetensors", "runs/tone-merged/adapter/adapter_model.safetensors",
                  "runs/sft.gguf", "runs/sft-q8_0.gguf", "runs/night.gguf", "runs/sft.Modelfile",
-                 "runs/sft-llama/tokenizer.model"):
+                 "runs/sft-llama/tokenizer.model", "runs/federated/final/lineage.json", "machines/1050/DONE"):
         assert (tmp_path / path).exists(), path
     model_configs = [json.loads(p.read_text()) for p in (tmp_path / "runs").rglob("config.json")
                      if not p.parent.name.startswith("checkpoint-")]  # the Trainer's own resume points

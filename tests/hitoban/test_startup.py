@@ -92,6 +92,7 @@ VERBS = {
     "shards --verify": (["shards", "--verify", "shards"], 0, "shards OK: 2 files"),
     "card": (["card", "model", "--repo", "someone/tiny"], 0, "model card -> model/README.md"),
     "upload --dry-run": (["upload", "model", "--repo", "someone/tiny", "--dry-run"], 0, '"dry_run": true'),
+    "federate keys": (["federate", "keys", "--out", "keys", "--machine", "m1"], 0, '"m1"'),
 }
 
 
