@@ -193,7 +193,15 @@ class CardText:
     def training(self) -> list[str]:
         run = self.data("run")
         lines = ["## Training procedure", ""]
-        if run:
+        if run and run.get("federated"):
+            fed = run["federated"]
+            lines.append(f"Pretraining across several machines with `hitoban federate` (DiLoCo on Flower: outer "
+                         f"Nesterov SGD, lr {fed['outer_lr']:g}, momentum {fed['outer_momentum']:g}; up to "
+                         f"{_fmt(fed['inner_steps'])} inner steps a round) on shards of the corpus below: "
+                         f"{_fmt(run.get('total_steps'))} steps' worth of {_fmt(run.get('tokens_per_step'))} tokens, "
+                         f"inner steps {_recipe(run)}; the server's A/B checkpoints resume exactly (from "
+                         f"{self.src('run')}; the machines and their tokens are in `lineage.json`).")
+        elif run:
             lines.append(f"Pretraining with Accelerate on shards of the corpus below: {_fmt(run.get('total_steps'))} "
                          f"steps of {_fmt(run.get('tokens_per_step'))} tokens, {_recipe(run)}; crash-safe A/B "
                          f"checkpoints with exact resume (from {self.src('run')}).")

@@ -111,10 +111,22 @@ class Server:
         self._record({"type": "resume", "round": saved.step, "resumes": self.state.resumes})
         return True
 
+    def _announce(self) -> None:
+        """RUN/config.json, as the night writes it (the card reads its recipe there), plus the federated part."""
+        options, fp = self.options, self.fingerprint
+        write_json(self.run / "config.json", {
+            "kind": "pretrain-run", "schema": 1, "run_id": self.state.run_id, "model": fp["model_config"],
+            "args": {k: v for k, v in dataclasses.asdict(options).items() if k not in ("data", "out")},
+            "data_index_sha256": fp["data_index_sha256"], "tokenizer_sha256": fp["tokenizer_sha256"],
+            "total_steps": self.total_steps, "tokens_per_step": options.batch_size * self.context,
+            "hardware": "federated (each machine's own device plan)", "fingerprint": fp,
+            "federated": {k: getattr(options, k) for k in FEDERATED_KEYS + ("lease_minutes", "min_machines")}})
+
     # ------------------------------------------------------------------------------------------------ the rounds
     def serve(self, grid) -> dict:
         """Rounds until every window of the budget is in the global model; then final/ and summary.json."""
         started = time.time()
+        self._announce()
         self.state.elapsed_sec = self.state.elapsed_sec or 0.0
         session_start, elapsed_before = time.time(), self.state.elapsed_sec
         while not self.queue.finished:

@@ -104,8 +104,15 @@ def test_a_missed_lease_and_a_nan_delta_lose_their_task_and_every_token_is_train
 def test_the_control_without_losses_nothing_is_reissued(tiny_shards, tmp_path):
     """Negative control for the test above: the same run with no silent machine and no NaN reissues nothing (so
     the reissues counted there came from the planted faults)."""
-    summary = start(tiny_shards, tmp_path / "run").serve(LocalGrid(machines(tiny_shards, tmp_path)))
+    from hitoban.release.card import write_card
+
+    run = tmp_path / "run"
+    summary = start(tiny_shards, run).serve(LocalGrid(machines(tiny_shards, tmp_path)))
     assert summary["reissued"] == [] and summary["tokens_seen"] == CTX * BATCH * STEPS
+    # the result is an ordinary run: the card finds its recipe and says how it was trained
+    result = write_card(run / "final", "someone/federated", [run])
+    assert "run" in result["measured"]
+    assert "with `hitoban federate` (DiLoCo on Flower" in (run / "final" / "README.md").read_text()
 
 
 def test_a_machine_with_a_changed_shard_is_refused_by_name_before_it_trains(tiny_shards, tmp_path):
