@@ -30,14 +30,10 @@ CLI = [sys.executable, "-m", "hitoban.cli"]
 SHAPE = ["--preset", "tiny", "--context", "256", "--batch-size", "16", "--cpu"]
 
 
-def free_port() -> int:
-    from hitoban.training.federated.launch import free_port as pick
-
-    return pick()
-
-
 def federated(shards: Path, out: Path, machines: int, tokens: int, inner_steps: int) -> dict:
     """serve + `machines` joins on loopback; returns the summary and the wall time from the first process start."""
+    from hitoban.training.federated.launch import free_port
+
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     port = free_port()

@@ -34,9 +34,10 @@ class ShardMismatch(InputError):
     """This machine's shards are not the server's: it must not train (its delta would be of other text)."""
 
 
-def shard_digests(data: Path, state: Path) -> dict[str, str]:
-    """sha256 of every shard (and the index's tokenizer), hashed once and cached by (size, mtime) in the machine's
-    state folder: a restart does not re-read gigabytes."""
+def shard_digests(data: Path, state: Path, verified: bool = False) -> dict[str, str]:
+    """sha256 of every shard, hashed once and cached by (size, mtime) in the machine's state folder: a restart does
+    not re-read gigabytes. `verified`: `verify_shards(full=True)` has just proven every file equal to its index's
+    sha256, so those are recorded without reading the files a second time."""
     cache_path = state / "shard-sha256.json"
     cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
     digests, changed = {}, False
@@ -46,7 +47,7 @@ def shard_digests(data: Path, state: Path) -> dict[str, str]:
             raise ShardMismatch(f"{path} is missing: copy the server's shards (check with `hitoban shards --verify`)")
         key = f"{path.stat().st_size}:{path.stat().st_mtime_ns}"
         if cache.get(shard["name"], {}).get("key") != key:
-            cache[shard["name"]] = {"key": key, "sha256": sha256_file(path)}
+            cache[shard["name"]] = {"key": key, "sha256": shard["sha256"] if verified else sha256_file(path)}
             changed = True
         digests[shard["name"]] = cache[shard["name"]]["sha256"]
     if changed:

@@ -108,21 +108,24 @@ def tail(path: Path, lines: int = 15) -> str:
 
 
 class Follow:
-    """Print what a log file gains (RUN/server.log), line by line."""
+    """What a log file gains from now on (an earlier session's lines are not shown again): each call prints the new
+    lines `keep` accepts and returns all of them."""
 
     def __init__(self, path: Path, show=print, keep=lambda line: True):
-        self.path, self.show, self.keep, self.offset = path, show, keep, 0
+        self.path, self.show, self.keep = path, show, keep
+        self.offset = path.stat().st_size if path.exists() else 0
 
-    def __call__(self) -> None:
+    def __call__(self) -> list[str]:
         if not self.path.exists():
-            return
+            return []
         with open(self.path, encoding="utf-8", errors="replace") as f:
             f.seek(self.offset)
-            text = f.read()
+            lines = f.read().splitlines()
             self.offset = f.tell()
-        for line in text.splitlines():
+        for line in lines:
             if self.keep(line):
                 self.show(line)
+        return lines
 
 
 # ------------------------------------------------------------------------------------------------------ serve
@@ -239,7 +242,9 @@ def serve(options: ServeOptions, show=print) -> dict:
              f"{options.host}:{options.port} can join and read the model. Use --keys beyond this machine.")
     run = Path(options.out)
     verify_shards(options.data, full=True)
-    plan_budget(options)  # the budget fits the data, said before any process starts
+    from hitoban.training.data.reader import ShardReader
+
+    plan_budget(options, ShardReader(options.data, "train", verify=False))  # verified above; before any process
     if options.resume == "never" and run.exists() and set_aside(run):
         show(f"# --resume never: the earlier run is kept in {run / 'previous-run'} until this one has saved")
     run.mkdir(parents=True, exist_ok=True)
@@ -249,7 +254,6 @@ def serve(options: ServeOptions, show=print) -> dict:
     (run / OPTIONS_FILE).write_text(json.dumps(dataclasses.asdict(options), indent=1))
     flower = Flower(run, options)
     follow = Follow(run / "server.log", show)
-    follow.offset = (run / "server.log").stat().st_size if (run / "server.log").exists() else 0
     try:
         flower.start_superlink()
         if flower.keys is not None:
@@ -295,7 +299,7 @@ def machine_keys(options: JoinOptions, name: str) -> tuple[Path, Path] | None:
 
 
 def join(options: JoinOptions, show=print) -> int:
-    """This machine trains the server's tasks until the run is over (or Ctrl-C). Returns the tasks done."""
+    """This machine trains the server's tasks until the run is over (or Ctrl-C). Returns the exit code."""
     from hitoban.training.data.shards import verify_shards
     from hitoban.training.federated.inner import shard_digests
 
@@ -308,7 +312,7 @@ def join(options: JoinOptions, show=print) -> int:
         name = keys[1].parent.name.removeprefix("node-")
     state = Path(options.state)
     verify_shards(options.data, full=True)  # a damaged copy is named here, before the server is dialled
-    shard_digests(Path(options.data), state)  # hashed once; the first task then starts at once
+    shard_digests(Path(options.data), state, verified=True)  # cached: the first task then starts at once
     (state / "DONE").unlink(missing_ok=True)
     node_config = " ".join(f"{k}={json.dumps(v)}" for k, v in {
         "name": name, "data": str(Path(options.data).resolve()), "state": str(state.resolve()),
@@ -319,23 +323,14 @@ def join(options: JoinOptions, show=print) -> int:
                 ["--insecure"])
     log = state / "flower" / "supernode.log"
     follow = Follow(log, show, keep=lambda line: "hitoban:" in line)
-    follow.offset = log.stat().st_size if log.exists() else 0
     node = start(command, log, state / "flower" / "home")
     show(f"# {name} joining {options.server}; Flower's log: {log}")
-    restarts, refused_since, activated, since = 0, None, 0, follow.offset
-
-    def activations() -> int:
-        with open(log, encoding="utf-8", errors="replace") as f:
-            f.seek(since)
-            return f.read().count("SuperNode ID:")
-
+    restarts, refused_since = 0, None
     accepted = state / "flower" / f"accepted-by-{options.server.replace(':', '_').replace('/', '_')}"
     try:
         while True:
-            follow()
-            count = activations()
-            if count > activated:  # accepted (again): a later refusal starts a new streak
-                activated, refused_since = count, None
+            if any("SuperNode ID:" in line for line in follow()):  # accepted (again): a refusal starts a new streak
+                refused_since = None
                 accepted.write_text(options.server + "\n")
             if (state / "DONE").exists() and not options.stay:
                 show(f"# the server says the run is over; {name} leaves")

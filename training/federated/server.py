@@ -46,14 +46,13 @@ DONE = "done"  # the message type's config value that tells a machine the run is
 FEDERATED_KEYS = ("tokens", "inner_steps", "probe_steps", "outer_lr", "outer_momentum")
 
 
-def plan_budget(options: ServeOptions) -> tuple:
-    """(model config, context, train windows, budget windows); a UsageError when the budget is not one window."""
+def plan_budget(options: ServeOptions, train: ShardReader) -> tuple:
+    """(model config, context, train windows, budget windows) for `train`, the run's train split; a UsageError when
+    the budget is not one window."""
     from hitoban.training.pretrain.options import shaped_config
 
-    index = load_index(Path(options.data))
-    config, context = shaped_config(options.preset, index["tokenizer"]["vocab_size"], options.context,
-                                    dropout=options.dropout)
-    total = int(ShardReader(options.data, "train").window_counts(context).sum())
+    config, context = shaped_config(options.preset, train.vocab_size, options.context, dropout=options.dropout)
+    total = int(train.window_counts(context).sum())
     budget = options.tokens // context
     if budget < 1 or total < 1:
         raise UsageError(f"--tokens {options.tokens:,} is {budget:,} windows of {context} tokens and the train split "
@@ -77,7 +76,7 @@ class Server:
         self.val = ShardReader(data, "val", verify=False) if index["splits"]["val"]["tokens"] else None
         from hitoban.modeling import HitobanForCausalLM
 
-        self.config, self.context, self.total_windows, budget = plan_budget(options)
+        self.config, self.context, self.total_windows, budget = plan_budget(options, self.train)
         self.total_steps = math.ceil(budget / options.batch_size)
         self.shards = {s["name"]: s["sha256"] for s in index["shards"] if s["split"] == "train"}
         fingerprint = trajectory_fingerprint(options, self.config, index, sha256_file(data / "shards_index.json"),

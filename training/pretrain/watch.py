@@ -10,6 +10,18 @@ from pathlib import Path
 STALE_SECONDS = 180
 
 
+def progress_bar(done: float) -> str:
+    return "█" * round(done * 32) + "░" * (32 - round(done * 32))
+
+
+def eta_line(hb: dict, now: float) -> list[str]:
+    """The ETA and its clock time, while the run is not finished."""
+    if hb.get("eta_hours") is None or hb.get("finished"):
+        return []
+    finish = datetime.fromtimestamp(now + hb["eta_hours"] * 3600).strftime("%H:%M")
+    return [f"ETA {hb['eta_hours']:.2f} h (about {finish})"]
+
+
 def render(run: str | Path, now: float | None = None) -> str:
     """One screen of text: bar, step, tokens, loss, best val, tok/s, elapsed, ETA, resumes, status."""
     path = Path(run) / "heartbeat.json"
@@ -23,7 +35,7 @@ def render(run: str | Path, now: float | None = None) -> str:
     if hb.get("kind") == "federated-heartbeat":
         return render_federated(hb, now)
     done = hb["step"] / max(hb["total_steps"], 1)
-    bar = "█" * round(done * 32) + "░" * (32 - round(done * 32))
+    bar = progress_bar(done)
     best = f"{hb['best_val']:.4f}" if hb.get("best_val") is not None else "not measured yet"
     loss = f"{hb['train_loss']:.4f}" if hb.get("train_loss") is not None else "-"
     lines = [
@@ -33,9 +45,7 @@ def render(run: str | Path, now: float | None = None) -> str:
         f"{hb['tok_per_sec'] / 1000:.1f}k tok/s" + (f" (MFU {hb['mfu']:.0%})" if hb.get("mfu") else "")
         + f"   elapsed {hb['elapsed_hours']:.2f} h   resumes {hb['resumes']}",
     ]
-    if hb.get("eta_hours") is not None and not hb.get("finished"):
-        finish = datetime.fromtimestamp(now + hb["eta_hours"] * 3600).strftime("%H:%M")
-        lines.append(f"ETA {hb['eta_hours']:.2f} h (about {finish})")
+    lines += eta_line(hb, now)
     if hb.get("peak_gb"):
         lines.append(f"peak memory {hb['peak_gb']:.1f} GB")
     age = now - hb["updated_at"]
@@ -51,7 +61,7 @@ def render(run: str | Path, now: float | None = None) -> str:
 def render_federated(hb: dict, now: float) -> str:
     """A federated run (training/federated/server.py): rounds, machines, tokens, bytes sent, ETA."""
     done = hb["tokens_seen"] / max(hb["token_budget"], 1)
-    bar = "█" * round(done * 32) + "░" * (32 - round(done * 32))
+    bar = progress_bar(done)
     best = f"{hb['best_val']:.4f}" if hb.get("best_val") is not None else "not measured yet"
     lines = [f"[{bar}] {done:6.1%}  round {hb['round']:,}  tokens {hb['tokens_seen']:,} / {hb['token_budget']:,}",
              f"val loss {best}   sent {hb['bytes_sent'] / 2**20:,.1f} MiB   re-issued ranges {hb['reissued']}   "
@@ -59,9 +69,7 @@ def render_federated(hb: dict, now: float) -> str:
     for name, m in sorted(hb["machines"].items()):
         lines.append(f"  {name:<16} {m.get('tok_s', 0) / 1000:7.1f}k tok/s  {m.get('windows', 0):>9,} windows  "
                      f"{m.get('tasks', 0):>4} tasks  {m.get('lost_tasks', 0):>3} lost")
-    if hb.get("eta_hours") is not None and not hb.get("finished"):
-        finish = datetime.fromtimestamp(now + hb["eta_hours"] * 3600).strftime("%H:%M")
-        lines.append(f"ETA {hb['eta_hours']:.2f} h (about {finish})")
+    lines += eta_line(hb, now)
     age = now - hb["updated_at"]
     lines.append("finished" if hb.get("finished") else
                  f"no update for {age / 60:.0f} min: a round may be waiting for a machine's lease, or the server "
