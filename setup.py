@@ -50,11 +50,13 @@ setup(
                 # hitoban export-gguf and its tests
                 "gguf>=0.17",
                 # hitoban federate and its tests (one environment with gradio: flwr pins fastapi/starlette)
-                "flwr>=1.42,<1.43"],
+                "flwr>=1.42,<1.43", "sentencepiece<0.2.3"],
         "lora": ["peft>=0.13"],  # hitoban sft/tone --lora
         "gguf": ["gguf>=0.17"],  # hitoban export-gguf
         # hitoban federate: several machines on Flower (its Message API and HTTP SuperLink are 1.42's)
-        "federated": ["flwr>=1.42,<1.43"],
+        # flwr requires protobuf < 7; sentencepiece 0.2.3's model proto requires protobuf >= 7 (its generated code
+        # refuses an older runtime, breaking export-llama and every tokenizer.model), 0.2.2's works with both
+        "federated": ["flwr>=1.42,<1.43", "sentencepiece<0.2.3"],
         # export-gguf --verify runs the file in llama.cpp; llama-cpp-python compiles llama.cpp (minutes)
         "llama": ["gguf>=0.17", "llama-cpp-python>=0.3.9"],
     },

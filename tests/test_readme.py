@@ -59,8 +59,8 @@ def smaller(corpus: Path) -> list[tuple[str, str]]:
         ("--preset 3lm --tokens 1e9 --keys keys --min-machines 2",
          "--preset tiny --context 64 --batch-size 8 --tokens 8192 --inner-steps 4 --probe-steps 4 --cpu "
          "--eval-batches 2 --keys keys --min-machines 2"),
-        ("--state machines/3060 >", "--state machines/3060 --cpu >"),
-        ("--state machines/1050 >", "--state machines/1050 --cpu >"),
+        ("--state machines/3060 >", "--state machines/3060 --cpu --wait-minutes 5 >"),
+        ("--state machines/1050 >", "--state machines/1050 --cpu --wait-minutes 5 >"),
     ]
 
 

@@ -11,7 +11,8 @@ def _federate_args(p):
     from hitoban.training.federated.options import JoinOptions, KeysOptions, ServeOptions
     from hitoban.training.options import add_options
 
-    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True, help="serve, join or keys (each has "
+                           "its own --help)")
     for name, cls, text in (
             ("serve", ServeOptions, "start the server: Flower's SuperLink and hitoban's rounds; resumes after a crash "
                                     "with the same command"),

@@ -134,7 +134,7 @@ class Flower:
 
     def __init__(self, run: Path, options: ServeOptions):
         self.run, self.options, self.folder = run, options, run / "flower"
-        self.keys = Path(options.keys) if options.keys else None
+        self.keys = Path(options.keys).resolve() if options.keys else None  # Flower's config needs absolute paths
         self.address = f"{'127.0.0.1' if options.host in ('0.0.0.0', '::') else options.host}:{options.port}"
         self.superlink: subprocess.Popen | None = None
 
@@ -252,7 +252,7 @@ def serve(options: ServeOptions, show=print) -> dict:
     import dataclasses
 
     (run / OPTIONS_FILE).write_text(json.dumps(dataclasses.asdict(options), indent=1))
-    flower = Flower(run, options)
+    flower = Flower(run.resolve(), options)  # the ServerApp runs in the SuperLink's folder: absolute paths only
     follow = Follow(run / "server.log", show)
     try:
         flower.start_superlink()
@@ -319,22 +319,27 @@ def join(options: JoinOptions, show=print) -> int:
         "cpu": options.cpu, "precision": options.precision, "grad-accum": options.grad_accum}.items())
     command = [str(BIN / "flower-supernode"), "--superlink", options.server, "--host", "127.0.0.1", "--port",
                str(free_port()), "--node-config", node_config]
-    command += (["--root-certificates", str(keys[0]), "--auth-supernode-private-key", str(keys[1])] if keys else
+    command += (["--root-certificates", str(keys[0].resolve()), "--auth-supernode-private-key", str(keys[1].resolve())]
+                if keys else
                 ["--insecure"])
     log = state / "flower" / "supernode.log"
     follow = Follow(log, show, keep=lambda line: "hitoban:" in line)
     node = start(command, log, state / "flower" / "home")
     show(f"# {name} joining {options.server}; Flower's log: {log}")
-    restarts, refused_since = 0, None
+    restarts, refused_since, waiting_since = 0, None, time.time()  # waiting: a SuperNode started, not yet accepted
     accepted = state / "flower" / f"accepted-by-{options.server.replace(':', '_').replace('/', '_')}"
     try:
         while True:
             if any("SuperNode ID:" in line for line in follow()):  # accepted (again): a refusal starts a new streak
-                refused_since = None
+                refused_since = waiting_since = None
                 accepted.write_text(options.server + "\n")
             if (state / "DONE").exists() and not options.stay:
                 show(f"# the server says the run is over; {name} leaves")
                 return 0
+            if waiting_since is not None and time.time() - waiting_since > options.wait_minutes * 60:
+                raise FlowerFailed(f"no server accepted {name} at {options.server} for {options.wait_minutes:g} min "
+                                   f"(is `hitoban federate serve` running there, and its port reachable?):\n"
+                                   f"{tail(log)}")
             if node.poll() is not None:
                 text = tail(log, 40)
                 if "2004" in text or "No SuperNode found with the given public key" in text:
@@ -357,7 +362,7 @@ def join(options: JoinOptions, show=print) -> int:
                                        f"{tail(log)}")
                 show(f"# lost the server (Flower's SuperNode exited {node.returncode}); joining again in 5 s")
                 time.sleep(5.0)
-                node = start(command, log, state / "flower" / "home")
+                node, waiting_since = start(command, log, state / "flower" / "home"), time.time()
             time.sleep(1.0)
     finally:
         stop(node)

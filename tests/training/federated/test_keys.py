@@ -3,6 +3,8 @@ process starts."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -46,3 +48,15 @@ def test_serve_and_join_refuse_to_guess_between_keys_and_insecure(tmp_path):
         join(JoinOptions(server="127.0.0.1:1", data=str(tmp_path), keys=str(tmp_path), insecure=True))
     with pytest.raises(UsageError, match="no node.key and ca.crt"):
         join(JoinOptions(server="127.0.0.1:1", data=str(tmp_path), keys=str(tmp_path)))
+
+
+def test_a_machine_whose_server_never_answers_leaves_after_wait_minutes(tiny_shards, tmp_path):
+    pytest.importorskip("flwr", reason="the federated extra: pip install 'hitoban[federated]'")
+    from hitoban.training.federated.launch import FlowerFailed, free_port, join
+    from hitoban.training.federated.options import JoinOptions
+
+    started = time.time()
+    with pytest.raises(FlowerFailed, match="no server accepted m at 127.0.0.1:"):
+        join(JoinOptions(server=f"127.0.0.1:{free_port()}", data=str(tiny_shards), name="m", state=str(tmp_path),
+                         insecure=True, wait_minutes=0.1), show=lambda line: None)
+    assert time.time() - started < 60  # it left; the SuperNode it started is stopped with it
