@@ -50,7 +50,9 @@ setup(
                 # hitoban export-gguf and its tests
                 "gguf>=0.17",
                 # hitoban federate and its tests (one environment with gradio: flwr pins fastapi/starlette)
-                "flwr>=1.42,<1.43", "sentencepiece<0.2.3"],
+                "flwr>=1.42,<1.43", "sentencepiece<0.2.3",
+                # --report-to tensorboard / trackio and their tests (the event files and trackio's store read back)
+                "tensorboard>=2.16", "trackio>=0.40"],
         "lora": ["peft>=0.13"],  # hitoban sft/tone --lora
         "gguf": ["gguf>=0.17"],  # hitoban export-gguf
         # hitoban federate: several machines on Flower (its Message API and HTTP SuperLink are 1.42's)
@@ -59,6 +61,11 @@ setup(
         "federated": ["flwr>=1.42,<1.43", "sentencepiece<0.2.3"],
         # export-gguf --verify runs the file in llama.cpp; llama-cpp-python compiles llama.cpp (minutes)
         "llama": ["gguf>=0.17", "llama-cpp-python>=0.3.9"],
+        # --report-to: Accelerate's trackers (pretrain) and the Trainer's (sft, tone); nothing is sent without one
+        "tensorboard": ["tensorboard>=2.16"],
+        "trackio": ["trackio>=0.40"],
+        "wandb": ["wandb>=0.19"],
+        "mlflow": ["mlflow>=2.16"],
     },
     entry_points={"console_scripts": ["hitoban=hitoban.cli:main"]},
 )

@@ -21,6 +21,9 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# trackio keeps its runs in TRACKIO_DIR (read once, at its import): the tests' runs go to a folder of their own, never
+# to the user's ~/.cache/huggingface/trackio
+os.environ["TRACKIO_DIR"] = os.path.join(__import__("tempfile").mkdtemp(prefix="hitoban-trackio-"), "trackio")
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tests" / "corpus"  # in the repository: what every test reads unless it asks for more

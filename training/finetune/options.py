@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from hitoban.training.data.chat import ChatFilterSettings
 from hitoban.training.finetune.lora import LoraSettings
 from hitoban.training.options import Checked, option
+from hitoban.training.trackers import REPORT_TO_HELP, parse_report_to
 
 _FILTERS, _LORA = ChatFilterSettings(), LoraSettings()
 
@@ -50,6 +51,12 @@ class FinetuneOptions(Checked):
     lora_targets: str = option(",".join(_LORA.targets), "--lora: module names (hitoban fuses q/k/v into qkv_proj, "
                                                         "gate/up into gate_up_proj)")
     merge: bool = option(False, "--lora: write the merged model to --out and the adapter to --out/adapter")
+    report_to: str = option("none", REPORT_TO_HELP.replace("log.jsonl", "the Trainer's logs") + "; passed to the "
+                            "Trainer as report_to, TensorBoard's events in --out/tensorboard", metavar="TRACKER,...")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        parse_report_to(self.report_to)  # an unknown tracker is refused before anything is read
 
     def filters(self) -> ChatFilterSettings:
         return ChatFilterSettings(max_user_chars=self.max_user_chars, max_assistant_chars=self.max_assistant_chars,

@@ -10,6 +10,7 @@ plain `transformers.Trainer` + `DataCollatorForSeq2Seq`; the base model's tokeni
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from hitoban.training.data.chat import ChatFilter, read_conversations, read_hold
 from hitoban.training.finetune.lora import save_adapter_and_merged, with_adapter
 from hitoban.training.finetune.options import FinetuneOptions
 from hitoban.training.hardware import plan_for
+from hitoban.training.trackers import PROJECT, check_available, parse_report_to
 
 CHECK_CONVERSATIONS = [
     [{"role": "user", "content": "こんにちは"}, {"role": "assistant", "content": "こんにちは！今日はどうしましたか？"}],
@@ -99,7 +101,7 @@ def check_mask(tokenizer, conversations=None, corruption: str | None = None, log
 
 RECORD = "finetune.json"  # in --out: what this fine-tune is, so that only the same fine-tune resumes there
 # Options that may change when a fine-tune resumes (its length); every other option must be the recorded one.
-RESUMABLE_CHANGES = ("epochs", "max_steps", "eval_steps", "skip_bad")
+RESUMABLE_CHANGES = ("epochs", "max_steps", "eval_steps", "skip_bad", "report_to")
 
 
 def fine_tune_record(options: FinetuneOptions) -> dict:
@@ -109,6 +111,13 @@ def fine_tune_record(options: FinetuneOptions) -> dict:
     return {"stage": options.stage, "base_weights_sha256": weights_sha256(options.base),
             "data_sha256": [sha256_file(path) for path in options.data],
             "exclude_sha256": [sha256_file(path) for path in options.exclude], **fields}
+
+
+def tracker_run_name(out: Path, record: dict) -> str:
+    """The fine-tune's name in a tracker: its folder and a digest of its record, the same on every resume (which
+    must have the same record) and different for another fine-tune in a folder of the same name."""
+    digest = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:8]
+    return f"{out.name}-{digest}"
 
 
 def claim_output(options: FinetuneOptions, record: dict) -> None:
@@ -154,6 +163,7 @@ def finetune(options: FinetuneOptions, *, save_total_limit: int = 2, resume: boo
     `out/adapter`)."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+    from transformers.integrations import TensorBoardCallback
 
     import hitoban.modeling  # noqa: F401  (registers the Auto classes)
 
@@ -174,6 +184,8 @@ def finetune(options: FinetuneOptions, *, save_total_limit: int = 2, resume: boo
         f"{len(kept)} kept; rejected {dict(chat_filter.rejected)}")
     if len(kept) < 2:
         raise MaskError(f"only {len(kept)} conversations survive the filters; nothing to train on")
+    report_to = parse_report_to(o.report_to)
+    check_available(report_to)  # before the Trainer's own RuntimeError, and before anything is written
     record = fine_tune_record(o)
     claim_output(o, record)  # before anything is written there
     model = AutoModelForCausalLM.from_pretrained(base)
@@ -199,12 +211,16 @@ def finetune(options: FinetuneOptions, *, save_total_limit: int = 2, resume: boo
         save_steps=o.eval_steps, save_total_limit=save_total_limit, load_best_model_at_end=True,
         metric_for_best_model="eval_loss", greater_is_better=False, seed=o.seed, data_seed=o.seed, bf16=bf16,
         fp16=fp16,
-        use_cpu=not torch.cuda.is_available() and not torch.backends.mps.is_available(), report_to="none",
+        use_cpu=not torch.cuda.is_available() and not torch.backends.mps.is_available(),
+        report_to=report_to or "none", project=PROJECT, run_name=tracker_run_name(out, record),
         logging_steps=max(1, o.eval_steps // 4), remove_unused_columns=True, disable_tqdm=None)
     collator = CheckedCollator(tok, label_pad_token_id=-100, pad_to_multiple_of=8)
     collator([train[i] for i in range(min(o.batch_size, len(train)))])  # refuse a degenerate mask before training
     trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=val, data_collator=collator,
                       processing_class=tok)
+    for callback in trainer.callback_handler.callbacks:  # one TensorBoard run per --out, continued by a resume
+        if isinstance(callback, TensorBoardCallback):
+            callback.logging_dir = str(out / "tensorboard")
     if quiet:  # the demo prints one line per stage: drop the Trainer's progress bar and per-log dict printing
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
 

@@ -64,6 +64,7 @@ class Monitor:
     skipped_in_a_row: int = 0
     window_start: float = field(default_factory=time.time)
     last_heartbeat: float = 0.0
+    trackers: object | None = None  # training.trackers.RunTrackers: --report-to gets every record log.jsonl gets
 
     def __post_init__(self) -> None:
         self.bar = tqdm(total=self.total_steps, initial=self.start_step, desc="pretrain", unit="step",
@@ -74,6 +75,8 @@ class Monitor:
         if self.main:
             with open(self.run / "log.jsonl", "a", encoding="utf-8") as f:
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            if self.trackers is not None:
+                self.trackers.log(record)
 
     def mfu(self, tok_per_sec: float) -> float:
         """Model FLOPs utilisation: the FLOPs the model needs per second over what the hardware can do."""

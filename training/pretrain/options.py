@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hitoban.training.options import Checked, check_ranges, option, parse_count, same_as
+from hitoban.training.trackers import REPORT_TO_HELP, parse_report_to
 
 DEFAULT_LR = {"muon": 2e-3, "adamw": 6e-4}  # measured at the small shape (README, Benchmarks); adamw: 3LM's
 
@@ -79,6 +80,11 @@ class PretrainConfig(TrainingOptions):
     max_hours: float | None = option(None, "save and stop cleanly after this much training time", above=0)
     progress: bool = option(True, "progress bar (log.jsonl and heartbeat.json are written either way)",
                             flag="--no-progress")
+    report_to: str = option("none", REPORT_TO_HELP, metavar="TRACKER,...")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        parse_report_to(self.report_to)  # an unknown tracker is refused before anything is read
 
 
 @dataclass(kw_only=True)

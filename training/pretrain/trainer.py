@@ -68,6 +68,7 @@ from hitoban.training.pretrain.resume import (
 )
 from hitoban.training.schedule import Schedule
 from hitoban.training.step import reset_accelerate_state, train_step
+from hitoban.training.trackers import RunTrackers, check_available, parse_report_to
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
@@ -125,6 +126,8 @@ class Trainer:
 
         self.cfg = cfg
         self.folder, data = Path(cfg.out), Path(cfg.data)
+        self.report_to = parse_report_to(cfg.report_to)
+        check_available(self.report_to)  # a missing tracker package is an error now, not an empty dashboard later
         index = load_index(data)
         facts = device_facts(device_for(cfg.cpu))
         if os.environ.get(DETERMINISTIC_ENV) and facts.type == "cuda":  # the kill test: same device, same bits
@@ -255,6 +258,10 @@ class Trainer:
                                flops_per_token(self.config, self.context), peak * self.world,
                                self.accelerator.device, self.precision == "fp16", main=self.main,
                                progress=cfg.progress, start_step=state.step)
+        if self.main and self.report_to:
+            self.monitor.trackers = RunTrackers(self.report_to, self.folder, self.folder.name, state.run_id,
+                                                state.step if self.resumed_from is not None else None)
+            self.monitor.trackers.start(self._tracker_config())
         if self.main:
             self._announce()
         self.policy = CheckpointPolicy(cfg.save_every_steps, cfg.save_every_min, cfg.max_hours, self.total_steps,
@@ -290,6 +297,9 @@ class Trainer:
             raise
         finally:
             monitor.close()
+            if monitor.trackers is not None:
+                monitor.trackers.finish()
+                monitor.trackers = None
         if self.main and self.val is not None and not (self.folder / "final").exists():
             self.export(current_slot(self.folder), state.best_val)
         monitor.heartbeat(state, self.optimizer.param_groups[0]["lr"], self.elapsed(), finished=True,
@@ -351,6 +361,15 @@ class Trainer:
             slot = self.save()
             if accelerator.is_main_process:
                 self.export(slot, round(result["val_loss"], 4))
+
+    def _tracker_config(self) -> dict:
+        """What a tracker shows as the run's config: the options, the shape and the budget."""
+        cfg, state = self.cfg, self.state
+        return {**{k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("data", "out")},
+                "run": self.folder.name, "run_id": state.run_id, "data": Path(cfg.data).name,
+                "total_steps": self.total_steps, "tokens_per_step": self.tokens_per_step,
+                "parameters": self.unwrapped.num_parameters(), "precision_used": self.precision,
+                "compiled": self.compiled, "data_index_sha256": state.fingerprint["data_index_sha256"]}
 
     def _announce(self) -> None:
         """config.json, the device and resume records, and the one-paragraph plan."""

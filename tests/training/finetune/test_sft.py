@@ -146,7 +146,7 @@ def test_sft_lowers_validation_loss_and_resumes(pretrained, chats, tmp_path, cor
     common = dict(base=str(pretrained), data=[str(chats)], out=str(tmp_path / "sft"), lr=3e-3, batch_size=16,
                   eval_steps=10, val_frac=0.1, max_user_chars=200, max_assistant_chars=300, min_char_freq=1,
                   exclude=[str(corpus / "3lm-eval" / "holdout_clean.txt")])
-    summary = finetune(FinetuneOptions(max_steps=30, **common), log=lambda *_: None)
+    summary = finetune(FinetuneOptions(max_steps=30, report_to="tensorboard", **common), log=lambda *_: None)
     assert summary["conversations"] > 300 and 0.3 < summary["counted_ratio"] < 0.7
     assert summary["best_val_loss"] < summary["first_val_loss"] - 0.3 and not summary["resumed"]
     assert "missing keys" not in caplog.text  # the tied lm_head is re-tied when the best checkpoint is reloaded
@@ -155,8 +155,18 @@ def test_sft_lowers_validation_loss_and_resumes(pretrained, chats, tmp_path, cor
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "sft")
     tok = AutoTokenizer.from_pretrained(tmp_path / "sft")
     assert tok.chat_template and model.config.model_type == "hitoban"
-    again = finetune(FinetuneOptions(max_steps=40, **common), log=lambda *_: None)
+    again = finetune(FinetuneOptions(max_steps=40, report_to="tensorboard", **common), log=lambda *_: None)
     assert again["resumed"] and again["steps"] == 40
+    # --report-to tensorboard: the Trainer's own evaluations, both sessions in one TensorBoard run in --out
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "sft" / "tensorboard"), size_guidance={"scalars": 0}).Reload()
+    board = {e.step: e.value for e in events.Scalars("eval/loss")}
+    state = json.loads(max((tmp_path / "sft" / "trainer").glob("checkpoint-*/trainer_state.json"),
+                           key=lambda p: int(p.parent.name.split("-")[1])).read_text())
+    history = {h["step"]: h["eval_loss"] for h in state["log_history"] if "eval_loss" in h}
+    assert sorted(board) == sorted(history) == [10, 20, 30, 40]
+    assert all(board[step] == pytest.approx(history[step], rel=1e-6) for step in history)
 
 
 def test_an_existing_out_is_refused_unless_it_is_this_fine_tune(pretrained, chats, tmp_path):
