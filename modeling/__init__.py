@@ -17,4 +17,6 @@ AutoModel.register(HitobanConfig, HitobanModel, exist_ok=True)
 HitobanConfig.register_for_auto_class()
 HitobanForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 
-__all__ = ["PRESETS", "HitobanConfig", "HitobanForCausalLM", "HitobanModel", "HitobanPreTrainedModel"]
+from .llama_format import from_llama  # noqa: E402  (after the registration: it builds a HitobanForCausalLM)
+
+__all__ = ["PRESETS", "HitobanConfig", "HitobanForCausalLM", "HitobanModel", "HitobanPreTrainedModel", "from_llama"]

@@ -18,11 +18,14 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hitoban.errors import CheckFailed, OutputExistsError
+from hitoban.provenance import read_lineage, weights_sha256, write_lineage
 
 from .configuration_hitoban import HitobanConfig
 from .llama_format import llama_cpp_chat_template, llama_state_dict, sentencepiece_model
 from .loading import TOKENIZER_FILES
 from .modeling_hitoban import HitobanForCausalLM
+
+EXPORT_STAGE = "export-llama"  # lineage.json's stage for a Llama export
 
 
 def llama_config(config: HitobanConfig) -> LlamaConfig:
@@ -80,19 +83,48 @@ def write_llama_cpp_tokenizer_files(src: str | os.PathLike, dst: Path) -> None:
     config_path.write_text(json.dumps(config, ensure_ascii=False, indent=2), encoding="utf-8")
 
 
-def export_llama(src: str | os.PathLike, dst: str | os.PathLike, atol: float = 1e-5) -> dict:
-    """Write `dst` as a LlamaForCausalLM folder (+ tokenizer files) after checking it computes what `src` does."""
-    dst = Path(dst)
-    if dst.exists():
-        raise OutputExistsError(f"{dst} already exists; choose a new folder")
-    ours = HitobanForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
-    llama = to_llama(ours)
+def check_same_model(ours: HitobanForCausalLM, llama: LlamaForCausalLM, atol: float = 1e-5) -> dict:
+    """The export's verification: logits on random tokens within `atol` (fp32) and the same greedy text; raises
+    CheckFailed otherwise. Returns what it measured."""
+    ours, llama = ours.float().eval(), llama.float().eval()
     max_diff = compare_logits(ours, llama, ours.config.vocab_size, seq_len=min(64, ours.config.max_position_embeddings))
     prompt = torch.arange(1, 9)[None] % ours.config.vocab_size
     greedy = dict(max_new_tokens=16, do_sample=False, pad_token_id=ours.config.pad_token_id)
     same_greedy = torch.equal(ours.generate(prompt, **greedy), llama.generate(prompt, **greedy))
     if max_diff > atol or not same_greedy:
         raise CheckFailed(f"Llama export does not match: max |logit diff| {max_diff:.3g}, greedy equal {same_greedy}")
+    return {"max_abs_logit_diff": max_diff, "greedy_identical": same_greedy, "atol": atol}
+
+
+def verify_llama_export(src: str | os.PathLike, export: str | os.PathLike, atol: float = 1e-5) -> dict:
+    """Check a saved Llama export against the hitoban folder it was made from, as both load from disk (what an
+    upload would send): its lineage names these hitoban weights, and the two compute the same thing."""
+    src, export = Path(src), Path(export)
+    lineage = read_lineage(export) or {}
+    source = (lineage.get("base") or {}).get("weights_sha256")
+    if lineage.get("stage") != EXPORT_STAGE or lineage.get("weights_sha256") != weights_sha256(export):
+        raise CheckFailed(f"{export}: not a verified Llama export (its lineage.json is missing, of another stage, "
+                          "or of other weights); make it with `hitoban export-llama`")
+    if source != weights_sha256(src):
+        raise CheckFailed(f"{export} was exported from other weights (sha256 {str(source)[:12]}), not {src}'s: "
+                          "remove it and export again")
+    if json.loads((export / "config.json").read_text(encoding="utf-8")).get("model_type") != "llama":
+        raise CheckFailed(f"{export}/config.json is not a Llama config")
+    ours = HitobanForCausalLM.from_pretrained(src, dtype=torch.float32)
+    llama = LlamaForCausalLM.from_pretrained(export, dtype=torch.float32)
+    return check_same_model(ours, llama, atol)
+
+
+def export_llama(src: str | os.PathLike, dst: str | os.PathLike, atol: float = 1e-5) -> dict:
+    """Write `dst` as a LlamaForCausalLM folder (+ tokenizer files) after checking it computes what `src` does;
+    its lineage.json records the check and the hitoban weights (and their lineage) it was made from, which is what
+    lets `card` and `upload --format llama` cite the measurements of those weights."""
+    dst = Path(dst)
+    if dst.exists():
+        raise OutputExistsError(f"{dst} already exists; choose a new folder")
+    ours = HitobanForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    llama = to_llama(ours)
+    checked = check_same_model(ours, llama, atol)
     dst.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dst.parent, prefix=f".{dst.name}.tmp") as tmp:
         staged = Path(tmp) / "llama"
@@ -102,5 +134,6 @@ def export_llama(src: str | os.PathLike, dst: str | os.PathLike, atol: float = 1
                 shutil.copy2(Path(src) / name, staged / name)
         if (Path(src) / "tokenizer.json").exists():
             write_llama_cpp_tokenizer_files(src, staged)
+        write_lineage(staged, EXPORT_STAGE, base_dir=src, format="llama", verification=checked)
         os.replace(staged, dst)
-    return {"max_abs_logit_diff": max_diff, "greedy_identical": same_greedy, "out": dst.name}
+    return {**checked, "out": dst.name}

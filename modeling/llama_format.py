@@ -103,3 +103,58 @@ def llama_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         else:
             out[name] = tensor.clone()
     return out
+
+
+def hitoban_state_dict(llama_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`llama_state_dict`'s inverse: Llama's q/k/v and gate/up rows fused back into hitoban's projections."""
+    out, parts = {}, {}
+    for name, tensor in llama_state.items():
+        for pieces, fused in ((("q_proj", "k_proj", "v_proj"), "qkv_proj"), (("gate_proj", "up_proj"), "gate_up_proj")):
+            piece = next((p for p in pieces if name.endswith(f".{p}.weight")), None)
+            if piece is not None:
+                prefix = name[: -len(f"{piece}.weight")]
+                parts.setdefault((prefix, fused, pieces), {})[piece] = tensor
+                break
+        else:
+            out[name] = tensor
+    for (prefix, fused, pieces), found in parts.items():
+        if set(found) != set(pieces):
+            raise ValueError(f"{prefix}: a Llama checkpoint needs all of {pieces}, found {sorted(found)}")
+        out[f"{prefix}{fused}.weight"] = torch.cat([found[p] for p in pieces], dim=0)
+    return out
+
+
+def from_llama(path, **kwargs):
+    """hitoban's class on a Llama folder (`hitoban export-llama`'s, or a published `--format llama` repo): the
+    shape read from its config, the weights fused back; a Llama that hitoban's architecture cannot express (grouped
+    KV heads, biases, RoPE scaling, another activation) is refused by name. `kwargs` go to `from_pretrained`."""
+    from transformers import LlamaForCausalLM
+
+    from .configuration_hitoban import HitobanConfig
+    from .modeling_hitoban import HitobanForCausalLM
+
+    llama = LlamaForCausalLM.from_pretrained(path, **kwargs)
+    c = llama.config
+    rope = getattr(c, "rope_parameters", None) or {}
+    unsupported = {"num_key_value_heads": c.num_key_value_heads != c.num_attention_heads,
+                   "attention_bias": bool(c.attention_bias), "mlp_bias": bool(getattr(c, "mlp_bias", False)),
+                   "hidden_act": c.hidden_act != "silu", "rope_type": rope.get("rope_type", "default") != "default",
+                   "head_dim": getattr(c, "head_dim", None) not in (None, c.hidden_size // c.num_attention_heads)}
+    if any(unsupported.values()):
+        raise ValueError(f"{path}: this Llama uses {[k for k, v in unsupported.items() if v]}, which hitoban's "
+                         "architecture does not have; load it with LlamaForCausalLM")
+    config = HitobanConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                           num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+                           max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.rms_norm_eps,
+                           rope_theta=rope.get("rope_theta", 10000.0), tie_word_embeddings=c.tie_word_embeddings,
+                           bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id, pad_token_id=c.pad_token_id)
+    model = HitobanForCausalLM(config).to(llama.dtype)
+    state = hitoban_state_dict({k: v for k, v in llama.state_dict().items()
+                                if not (k == "lm_head.weight" and c.tie_word_embeddings)})
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise ValueError(f"{path}: Llama weights do not map onto hitoban's: missing {missing}, unexpected {unexpected}")
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    return model.eval()

@@ -24,6 +24,7 @@ from huggingface_hub import ModelCard, ModelCardData
 from hitoban.errors import InputError, MissingInputError
 from hitoban.provenance import ancestors, read_lineage, sha256_file, weights_sha256
 from hitoban.release.card_text import CardText
+from hitoban.release.formats import check_format, export_source, prepare_llama_export
 
 NOT_MEASURED = "not measured"
 HOW_TO_MEASURE = {
@@ -101,6 +102,12 @@ class Provenance:
     chain: list[dict]
     names: dict[str, str] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)  # kind -> why it is not measured
+    export_of: str | None = None  # a verified Llama export: the hitoban weights it computes the same function as
+
+    @property
+    def same_model(self) -> set[str]:
+        """The weights whose PII probe speaks for these: their own, and for a verified export its source's."""
+        return {self.own} | ({self.export_of} if self.export_of else set())
 
     @property
     def own(self) -> str:
@@ -110,16 +117,22 @@ class Provenance:
         return next((node for node in self.chain if node.get("stage") == stage), None)
 
 
-def provenance_of(model_dir: Path) -> Provenance:
+def provenance_of(model_dir: Path, verified_export: bool = False) -> Provenance:
+    """The chain of weights behind `model_dir`; `verified_export`: its Llama export check has just passed, so its
+    lineage's source weights count as the same model."""
     lineage = read_lineage(model_dir)
     own = weights_sha256(model_dir)
     if lineage is None or lineage.get("weights_sha256") != own:  # no lineage, or weights replaced after it
         lineage = {"stage": "unknown", "weights_sha256": own}
     chain = ancestors(lineage)
     names = {chain[0]["weights_sha256"]: "this model"}
+    source = export_source(model_dir) if verified_export else None
+    if source is not None and len(chain) > 1:
+        names[source] = (f"the hitoban model it was exported from, {chain[1].get('folder', '?')}, whose logits it "
+                         "matches to 1e-5")
     for node in chain[1:]:
         names.setdefault(node["weights_sha256"], f"its {node.get('stage', 'base')} base ({node.get('folder', '?')})")
-    return Provenance(chain, names)
+    return Provenance(chain, names, export_of=source)
 
 
 def pick(found: dict[str, list[Artefact]], kind: str, fits, prov: Provenance, what: str) -> Artefact | None:
@@ -171,7 +184,7 @@ def count_parameters(model_dir: Path) -> tuple[int, int, dict]:
     safetensors, another model type, an embedding whose shape disagrees with config.json) is counted the slow way."""
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     shapes = safetensors_shapes(model_dir)
-    if (shapes and config.get("model_type") == "hitoban" and all(k in config for k in CONFIG_KEYS)
+    if (shapes and config.get("model_type") in ("hitoban", "llama") and all(k in config for k in CONFIG_KEYS)
             and shapes.get(EMBEDDING) == [config["vocab_size"], config["hidden_size"]]):
         if config.get("tie_word_embeddings", True):  # one parameter, whether or not a copy was saved too
             shapes.pop("lm_head.weight", None)
@@ -183,13 +196,13 @@ def count_parameters(model_dir: Path) -> tuple[int, int, dict]:
 def count_parameters_on_meta(model_dir: Path) -> tuple[int, int, dict]:
     """(total, non-embedding, config) from config.json, instantiating the model on the meta device."""
     import torch
-    from transformers import AutoConfig
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    from hitoban.modeling import HitobanForCausalLM
+    import hitoban.modeling  # noqa: F401  (registers hitoban with the Auto classes)
 
     config = AutoConfig.from_pretrained(model_dir)
     with torch.device("meta"):
-        model = HitobanForCausalLM(config)
+        model = AutoModelForCausalLM.from_config(config)
     total = sum(p.numel() for p in model.parameters())
     embed = model.get_input_embeddings().weight.numel()
     return total, total - embed, config.to_dict()
@@ -206,9 +219,10 @@ def _by_weights(found, kind: str, sha_of, prov: Provenance, what: str) -> tuple[
     return None, None
 
 
-def trace(model_dir: Path, roots: list[Path]) -> tuple[Provenance, dict[str, Artefact | None], dict[str, str]]:
+def trace(model_dir: Path, roots: list[Path], verified_export: bool = False
+          ) -> tuple[Provenance, dict[str, Artefact | None], dict[str, str]]:
     """Follow the carded weights to every artefact that measured them or the data and run that made them."""
-    prov = provenance_of(model_dir)
+    prov = provenance_of(model_dir, verified_export)
     found = collect(model_dir, roots)
     art: dict[str, Artefact | None] = {}
     measured_on: dict[str, str] = {}
@@ -219,7 +233,9 @@ def trace(model_dir: Path, roots: list[Path]) -> tuple[Provenance, dict[str, Art
         art[kind], sha = _by_weights(found, kind, sha_of, prov, what)
         if sha:
             measured_on[kind] = sha
-    art["pii"] = pick(found, "pii", lambda a: a.data.get("weights_sha256") == prov.own, prov, "PII probe")
+    art["pii"] = pick(found, "pii", lambda a: a.data.get("weights_sha256") in prov.same_model, prov, "PII probe")
+    if art["pii"] is not None and art["pii"].data.get("weights_sha256") != prov.own:
+        measured_on["pii"] = art["pii"].data["weights_sha256"]
     art["canary"] = pick(found, "canary", lambda a: True, prov, "canary control")
     node = prov.stage("pretrain")
     if node is None:
@@ -260,31 +276,41 @@ def same_configuration(killtest: dict, run: dict) -> bool:
 
 
 def build_card(model_dir: str | os.PathLike, repo: str, search: list[str | os.PathLike] = (),
-               license: str = "apache-2.0") -> tuple[ModelCard, dict]:
-    """Returns (card, numbers): `numbers` is every measured value the card shows, with the file it came from."""
+               license: str = "apache-2.0", llama_export: dict | None = None) -> tuple[ModelCard, dict]:
+    """Returns (card, numbers): `numbers` is every measured value the card shows, with the file it came from.
+    `llama_export`: `model_dir` is a Llama export whose check (formats.prepare_llama_export) has just passed."""
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").exists():
         raise MissingInputError(f"{model_dir}: no config.json; give a from_pretrained model folder")
-    prov, art, measured_on = trace(model_dir, [Path(p) for p in search])
+    prov, art, measured_on = trace(model_dir, [Path(p) for p in search], verified_export=llama_export is not None)
     total, non_embedding, config = count_parameters(model_dir)
     numbers = {"weights_sha256": prov.own, "parameters": total, "non_embedding_parameters": non_embedding,
                "sources": {k: a.rel for k, a in art.items() if a is not None},
                "measured_on": {k: prov.names[v] for k, v in measured_on.items()}}
-    sections = CardText(model_dir, repo, prov, art, measured_on, numbers)
+    if llama_export is not None:
+        numbers["format"] = "llama"
+        numbers["llama_export"] = {k: llama_export[k] for k in ("max_abs_logit_diff", "greedy_identical", "atol",
+                                                                "source_weights_sha256")}
+    sections = CardText(model_dir, repo, prov, art, measured_on, numbers, llama_export)
     lines = sections.overview(total, non_embedding, config) + sections.evaluation() + sections.usage()
     lines += sections.training() + sections.data_section() + sections.limitations(total) + sections.licence(license)
+    tags = ["hitoban", "japanese", "from-scratch", "llama" if llama_export else "custom_code", "text-generation"]
     data = ModelCardData(language=["ja"], license=license, library_name="transformers",
-                         pipeline_tag="text-generation", model_name=repo.split("/")[-1],
-                         tags=["hitoban", "japanese", "from-scratch", "custom_code", "text-generation"],
+                         pipeline_tag="text-generation", model_name=repo.split("/")[-1], tags=tags,
                          datasets=sections.hub_datasets() or None, eval_results=sections.eval_results() or None)
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines)), numbers
 
 
 def write_card(model_dir: str | os.PathLike, repo: str, search: list[str | os.PathLike] = (),
-               out: str | os.PathLike | None = None) -> dict:
-    """Write README.md (and eval_results.json, the numbers it shows with their sources) into the model folder."""
-    card, numbers = build_card(model_dir, repo, search)
-    out = Path(out) if out else Path(model_dir) / "README.md"
+               out: str | os.PathLike | None = None, fmt: str = "hitoban", log=print) -> dict:
+    """Write README.md (and eval_results.json, the numbers it shows with their sources) into the model folder;
+    with fmt "llama", into its verified Llama export (made beside it when absent), the folder itself searched too."""
+    folder, export = Path(model_dir), None
+    if check_format(fmt) == "llama":
+        folder, export = prepare_llama_export(model_dir, log)
+        search = [*search, model_dir]
+    card, numbers = build_card(folder, repo, search, llama_export=export)
+    out = Path(out) if out else folder / "README.md"
     card.save(out)
     (out.parent / "eval_results.json").write_text(json.dumps(numbers, indent=2, ensure_ascii=False),
                                                   encoding="utf-8")

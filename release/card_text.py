@@ -42,8 +42,10 @@ def _plan_text(plan: dict | None) -> str:
             f"compile: {plan.get('compile', '?')} ({plan['why']})")
 
 class CardText:
-    def __init__(self, model_dir: Path, repo: str, prov, art: dict, measured_on: dict, numbers: dict):
+    def __init__(self, model_dir: Path, repo: str, prov, art: dict, measured_on: dict, numbers: dict,
+                 llama_export: dict | None = None):
         self.model_dir, self.repo, self.prov, self.art = model_dir, repo, prov, art
+        self.llama = llama_export  # the card of a verified Llama export: its check's numbers
         self.measured_on, self.numbers = measured_on, numbers
         self.name = repo.split("/")[-1]
         self.pretrain = prov.stage("pretrain") or {}
@@ -173,17 +175,38 @@ class CardText:
                 f"({kill['mode']}; passed: {kill['passed']}), from {self.src('killtest')}.", ""]
 
     def usage(self) -> list[str]:
-        return ["## Usage", "", "With hitoban installed (`pip install hitoban`), or without it through the remote code "
-                "saved beside the weights:", "", "```python",
-                "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
-                f'tok = AutoTokenizer.from_pretrained("{self.repo}")',
-                f'model = AutoModelForCausalLM.from_pretrained("{self.repo}", trust_remote_code=True)',
-                'messages = [{"role": "user", "content": "おすすめの本を教えて"}]',
+        if self.llama:
+            how = ["## Usage", "", "This repository holds the Llama export of a hitoban model: plain transformers "
+                   "loads it as `LlamaForCausalLM`, with no remote code and no `trust_remote_code` (so do vLLM, "
+                   "MLX-LM, TGI, transformers.js and llama.cpp's converter):", "", "```python",
+                   "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+                   f'tok = AutoTokenizer.from_pretrained("{self.repo}")',
+                   f'model = AutoModelForCausalLM.from_pretrained("{self.repo}")']
+        else:
+            how = ["## Usage", "", "With hitoban installed (`pip install hitoban`), or without it through the remote "
+                   "code saved beside the weights:", "", "```python",
+                   "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+                   f'tok = AutoTokenizer.from_pretrained("{self.repo}")',
+                   f'model = AutoModelForCausalLM.from_pretrained("{self.repo}", trust_remote_code=True)']
+        how += ['messages = [{"role": "user", "content": "おすすめの本を教えて"}]',
                 "ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors=\"pt\", "
                 "return_dict=True)",
                 "out = model.generate(**ids, max_new_tokens=120, do_sample=True, temperature=0.8, top_k=40,",
                 "                     repetition_penalty=1.15, eos_token_id=tok.convert_tokens_to_ids(\"<|end|>\"))",
-                "print(tok.decode(out[0, ids[\"input_ids\"].shape[1]:], skip_special_tokens=True))", "```", "",
+                "print(tok.decode(out[0, ids[\"input_ids\"].shape[1]:], skip_special_tokens=True))", "```", ""]
+        if self.llama:
+            checked = self.llama
+            return how + [
+                f"It was exported from the hitoban weights with sha256 `{checked['source_weights_sha256'][:16]}…` "
+                f"and checked against them before publishing: max |logit difference| "
+                f"{checked['max_abs_logit_diff']:.2g} (at most {checked['atol']:g}) and the same greedy text; the "
+                "measurements above that say so were made on those weights (`lineage.json` records both hashes). "
+                "hitoban's own class loads it too: `from hitoban.modeling import from_llama; model = "
+                f'from_llama("{self.repo}")` gives the `HitobanForCausalLM` it was exported from.', "",
+                "LoRA with PEFT: Llama's usual `target_modules` apply to this export; to fine-tune with hitoban's "
+                "Trainer verbs (`hitoban tone`, whose chat template marks the assistant turns) convert it back "
+                "with `from_llama` and `save_pretrained`.", ""]
+        return how + [
                 "The architecture is Llama-compatible: `hitoban export-llama MODEL OUT` writes a `LlamaForCausalLM` "
                 "folder (checked logit-for-logit) that needs no remote code.", "",
                 "LoRA with PEFT: hitoban fuses q/k/v into `qkv_proj` and gate/up into `gate_up_proj`, so use "
@@ -267,14 +290,15 @@ class CardText:
         self.numbers["pii"] = {k: pii[k] for k in ("tried", "exact", "partial")}
         line = (f"- Privacy: a prefix attack tried {pii['tried']} e-mail addresses / phone numbers from the training "
                 f"corpus and reproduced {pii['exact']} exactly and {pii['partial']} partially "
-                f"(from {self.src('pii')}).")
+                f"(from {self.src('pii')}){self.on('pii')}.")
         return line + (" **Exact reproductions were found: do not publish this model as is.**" if pii["exact"] else
                        " \"This attack found none\" is not \"there are none\".")
 
     def licence(self, license: str) -> list[str]:
+        code = ("No code ships with this export." if self.llama else
+                "Code (`modeling_hitoban.py`, `configuration_hitoban.py`): Apache-2.0, from hitoban.")
         return ["## Licence", "",
-                f"Weights: {license}. Code (`modeling_hitoban.py`, `configuration_hitoban.py`): Apache-2.0, from "
-                "hitoban. Training data keeps its own licences (table above); "
+                f"Weights: {license}. {code} Training data keeps its own licences (table above); "
                 "attribute them when you redistribute outputs derived from them.", ""]
 
     # ------------------------------------------------------------------------------------------------ metadata

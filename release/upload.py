@@ -21,6 +21,7 @@ from huggingface_hub.utils import filter_repo_objects
 
 from hitoban.errors import CheckFailed, MissingInputError, UsageError
 from hitoban.provenance import read_lineage, sha256_file, weights_sha256
+from hitoban.release.formats import check_format, llama_export_dir, remote_code_refusals, verified_source
 from hitoban.release.secrets import link_outside, scan_files
 
 MODEL_ALLOW = ["model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json", "config.json",
@@ -76,8 +77,10 @@ def _all_files(folder: Path) -> list[tuple[str, int]]:
 
 def plan_upload(folder: str | os.PathLike, repo: str, repo_type: str = "model", allow: list[str] | None = None,
                 include: list[str] | None = None, pii_report: str | os.PathLike | None = None,
-                override_reason: str | None = None) -> UploadPlan:
-    """Resolve the payload and every reason to refuse it (nothing is sent)."""
+                override_reason: str | None = None, export_of: str | None = None) -> UploadPlan:
+    """Resolve the payload and every reason to refuse it (nothing is sent). `export_of`: the folder is a Llama export
+    just verified against the hitoban weights with this sha256, whose PII probe then speaks for it; such an upload
+    must need no remote code."""
     folder = Path(folder)
     if not folder.is_dir():
         raise MissingInputError(f"{folder}: not a folder")
@@ -113,7 +116,10 @@ def plan_upload(folder: str | os.PathLike, repo: str, repo_type: str = "model", 
     if repo_type == "model":
         own = _own_weights(folder, names)  # hashed once, for both gates
         _check_tokenizer(plan, own)
-        _check_pii(plan, Path(pii_report) if pii_report else folder / "pii.json", override_reason, own)
+        _check_pii(plan, Path(pii_report) if pii_report else folder / "pii.json", override_reason,
+                   {own} | ({export_of} if export_of else set()))
+        if export_of is not None:
+            plan.refusals += remote_code_refusals(folder, names)
     return plan
 
 
@@ -144,10 +150,10 @@ def _check_tokenizer(plan: UploadPlan, own_weights: str | None) -> None:
                              "the run's tokenizer back")
 
 
-def _check_pii(plan: UploadPlan, pii_path: Path, override_reason: str | None,
-               own_weights: str | None) -> None:
-    """A model goes out only with a PII probe that measured *these* weights and reproduced nothing exactly; each
-    exception needs --i-know REASON (recorded in the commit)."""
+def _check_pii(plan: UploadPlan, pii_path: Path, override_reason: str | None, same_model: set[str | None]) -> None:
+    """A model goes out only with a PII probe that measured *these* weights (`same_model`: their sha256, and for a
+    verified Llama export its source's) and reproduced nothing exactly; each exception needs --i-know REASON
+    (recorded in the commit)."""
     def refuse(reason: str) -> None:
         if override_reason:
             plan.warnings.append(f"{reason} — overridden with --i-know: {override_reason}")
@@ -163,7 +169,7 @@ def _check_pii(plan: UploadPlan, pii_path: Path, override_reason: str | None,
         refuse(f"the PII probe measured nothing ({pii.get('reason', 'tried 0 contacts')})")
         return
     weights = pii.get("weights_sha256")
-    if any(p == "model.safetensors" for p, _ in plan.included) and weights != own_weights:
+    if any(p == "model.safetensors" for p, _ in plan.included) and weights not in same_model - {None}:
         refuse(f"{pii_path.name} was measured on other weights ({str(weights)[:12]}…, not this folder's "
                "model.safetensors): probe this model")
         return
@@ -197,10 +203,22 @@ def execute(plan: UploadPlan, private: bool = True, create_pr: bool = False, mes
 
 def upload_model(folder: str | os.PathLike, repo: str, dry_run: bool = False, private: bool = True,
                  create_pr: bool = False, include: list[str] | None = None, pii_report: str | None = None,
-                 override_reason: str | None = None, log=print) -> dict:
-    """`hitoban upload`: print the plan; refuse (UploadRefused) or, unless dry-run, upload."""
+                 override_reason: str | None = None, log=print, fmt: str = "hitoban") -> dict:
+    """`hitoban upload`: print the plan; refuse (UploadRefused) or, unless dry-run, upload. With fmt "llama" the
+    payload is the folder's Llama export (formats.llama_export_dir), checked against the folder first."""
+    export_of = None
+    if check_format(fmt) == "llama":
+        export = llama_export_dir(folder)
+        try:
+            checked = verified_source(Path(folder), export)
+        except CheckFailed as err:
+            raise UploadRefused(f"refusing to upload the Llama export of {folder}: {err}") from err
+        log(f"# {export}: verified against {folder} (max |logit diff| {checked['max_abs_logit_diff']:.2g}, greedy "
+            "text identical)")
+        export_of, pii_report = weights_sha256(folder), pii_report or str(Path(folder) / "pii.json")
+        folder = export
     plan = plan_upload(folder, repo, "model", include=include, pii_report=pii_report,
-                       override_reason=override_reason)
+                       override_reason=override_reason, export_of=export_of)
     for line in plan.lines():
         log(line)
     if plan.refusals:

@@ -183,7 +183,9 @@ def test_every_ci_command_in_the_readme_runs(tmp_path, monkeypatch, large_corpus
                  "runs/tone-trainer/model.safetensors", "runs/ddp/log.jsonl", "runs/tone-lora/adapter_config.json",
                  "runs/tone-merged/model.safetensors", "runs/tone-merged/adapter/adapter_model.safetensors",
                  "runs/sft.gguf", "runs/sft-q8_0.gguf", "runs/night.gguf", "runs/sft.Modelfile",
-                 "runs/sft-llama/tokenizer.model", "runs/federated/final/lineage.json", "machines/1050/DONE"):
+                 "runs/sft-llama/tokenizer.model", "runs/federated/final/lineage.json", "machines/1050/DONE",
+                 "runs/night/tensorboard", "runs/night/trackers.json", "runs/sft-llama/README.md",
+                 "runs/tone-llama/config.json"):
         assert (tmp_path / path).exists(), path
     model_configs = [json.loads(p.read_text()) for p in (tmp_path / "runs").rglob("config.json")
                      if not p.parent.name.startswith("checkpoint-")]  # the Trainer's own resume points

@@ -40,7 +40,14 @@ def _card_args(p):
     p.add_argument("--from", dest="search", nargs="*", default=[], metavar="DIR",
                    help="folders to search for artefacts (run, corpus, eval, pii results); the model folder is "
                         "always searched")
-    p.add_argument("--out", help="default MODEL_DIR/README.md")
+    p.add_argument("--out", help="default MODEL_DIR/README.md (--format llama: MODEL_DIR-llama/README.md)")
+    _format_arg(p)
+
+
+def _format_arg(p):
+    from hitoban.release.formats import FORMAT_HELP, FORMATS
+
+    p.add_argument("--format", choices=FORMATS, default="hitoban", help=FORMAT_HELP)
 
 
 @verb("card", "write the model card (README.md) from the run's artefacts; missing ones say 'not measured'")(
@@ -48,7 +55,7 @@ def _card_args(p):
 def _card(args) -> int:
     from hitoban.release.card import write_card
 
-    result = write_card(args.model_dir, args.repo, args.search, args.out)
+    result = write_card(args.model_dir, args.repo, args.search, args.out, fmt=args.format)
     print(f"model card -> {result['card']}\n  measured: {', '.join(result['measured'])}\n  not measured: "
           f"{', '.join(result['not_measured']) or 'nothing'}")
     return 0
@@ -83,6 +90,7 @@ def _upload_args(p):
     p.add_argument("--include", nargs="*", default=[], metavar="PATTERN", help="extra allow-list globs")
     p.add_argument("--pii", help="PII probe JSON (default MODEL_DIR/pii.json)")
     p.add_argument("--i-know", metavar="REASON", help="publish despite an exact PII reproduction; REASON is recorded")
+    _format_arg(p)
 
 
 @verb("upload", "allow-listed upload to the Hub (refuses on secrets, no card, optimizer/logs, PII leaks)")(
@@ -91,7 +99,8 @@ def _upload(args) -> int:
     from hitoban.release.upload import upload_model
 
     return _run_publish("upload", lambda: upload_model(args.model_dir, args.repo, args.dry_run, args.private,
-                                                       args.create_pr, args.include, args.pii, args.i_know))
+                                                       args.create_pr, args.include, args.pii, args.i_know,
+                                                       fmt=args.format))
 
 
 def _space_args(p):
