@@ -23,7 +23,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # trackio keeps its runs in TRACKIO_DIR (read once, at its import): the tests' runs go to a folder of their own, never
 # to the user's ~/.cache/huggingface/trackio
-os.environ["TRACKIO_DIR"] = os.path.join(__import__("tempfile").mkdtemp(prefix="hitoban-trackio-"), "trackio")
+TRACKIO_HOME = __import__("tempfile").mkdtemp(prefix="hitoban-trackio-")  # removed when the session ends
+os.environ["TRACKIO_DIR"] = os.path.join(TRACKIO_HOME, "trackio")
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "tests" / "corpus"  # in the repository: what every test reads unless it asks for more
@@ -76,6 +77,10 @@ def pytest_configure(config):
     """The markers transformers' own test files (tests/modeling/test_transformers_common.py) put on their tests."""
     for name in TRANSFORMERS_MARKERS:
         config.addinivalue_line("markers", f"{name}: used by transformers' common model tests")
+
+
+def pytest_unconfigure(config):
+    __import__("shutil").rmtree(TRACKIO_HOME, ignore_errors=True)
 
 
 def pytest_report_header(config):

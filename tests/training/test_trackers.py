@@ -86,3 +86,19 @@ def test_without_report_to_nothing_is_written_for_a_tracker(tiny_shards, tmp_pat
     run = tmp_path / "run"
     pretrain(night_config(tiny_shards, run, steps=5, eval_every=100))
     assert not (run / "tensorboard").exists() and not (run / "trackers.json").exists()
+
+
+def test_the_trainer_verbs_refuse_an_unknown_or_missing_tracker_before_reading_anything(tmp_path, monkeypatch):
+    import accelerate.tracking
+
+    from hitoban.training.finetune.options import FinetuneOptions
+    from hitoban.training.finetune.sft import finetune
+
+    with pytest.raises(UsageError, match="--report-to"):
+        FinetuneOptions(base="b", data=["d"], out="o", report_to="tensorbord")
+    monkeypatch.setattr(accelerate.tracking, "_available_trackers", [])
+    options = FinetuneOptions(base=str(tmp_path / "missing-base"), data=[str(tmp_path / "none.jsonl")],
+                              out=str(tmp_path / "out"), report_to="wandb")
+    with pytest.raises(UsageError, match=r"hitoban\[wandb\]"):
+        finetune(options, log=lambda *_: None)
+    assert not (tmp_path / "out").exists()

@@ -171,6 +171,8 @@ def finetune(options: FinetuneOptions, *, save_total_limit: int = 2, resume: boo
     o, stage, lora = options, options.stage, options.lora_settings()
     if o.merge and lora is None:
         raise UsageError("--merge merges a LoRA adapter: add --lora")
+    report_to = parse_report_to(o.report_to)
+    check_available(report_to)  # before anything is read or written (the Trainer would fail only once built)
     base, out, data = Path(o.base), Path(o.out), [Path(path) for path in o.data]
     if not (base / "tokenizer.json").exists() or not (base / "chat_template.jinja").exists():
         raise MaskError(f"{base}: the base folder needs its tokenizer and chat template (tokenizer.json, "
@@ -184,8 +186,6 @@ def finetune(options: FinetuneOptions, *, save_total_limit: int = 2, resume: boo
         f"{len(kept)} kept; rejected {dict(chat_filter.rejected)}")
     if len(kept) < 2:
         raise MaskError(f"only {len(kept)} conversations survive the filters; nothing to train on")
-    report_to = parse_report_to(o.report_to)
-    check_available(report_to)  # before the Trainer's own RuntimeError, and before anything is written
     record = fine_tune_record(o)
     claim_output(o, record)  # before anything is written there
     model = AutoModelForCausalLM.from_pretrained(base)

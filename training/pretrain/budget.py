@@ -6,6 +6,7 @@ that cannot fit, or cannot finish, says so at once rather than at 3 a.m.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -20,10 +21,11 @@ from hitoban.training.pretrain.options import PretrainConfig
 
 
 def steps_for_hours(cfg: PretrainConfig, run: Path, accelerator, train: ShardReader, context: int,
-                    compiled: bool, muon_dtype: str = "bfloat16") -> int:
-    """--hours: the step budget whose schedule ends in `cfg.hours`, from tok/s measured on this very shape,
-    precision, device and compile choice (warm steps only, as `hitoban calibrate`). A resumed run keeps the budget
-    it was sized with: the schedule must not change under it."""
+                    compiled: bool, muon_dtype: str = "bfloat16", started: float | None = None) -> int:
+    """--hours: the step budget whose schedule ends `cfg.hours` after the night started at `started` (default: now;
+    reading the shards, building the model and this measurement already count), from tok/s measured on this very
+    shape, precision, device and compile choice (warm steps only, as `hitoban calibrate`). A resumed run keeps the
+    budget it was sized with: the schedule must not change under it."""
     slot = current_slot(run) if cfg.resume == "auto" and run.exists() else None
     steps = TrainState.read(slot).fingerprint.get("total_steps") if slot is not None else None
     if steps is not None:
@@ -33,14 +35,17 @@ def steps_for_hours(cfg: PretrainConfig, run: Path, accelerator, train: ShardRea
     row = measure(cfg.preset, cfg.batch_size // world, train.vocab_size, context, steps=10, warmup=3,
                   accelerator=accelerator, data=train, max_seconds=30, compiled=compiled, optimizer_name=cfg.optimizer,
                   grad_accum=cfg.grad_accum, muon_dtype=muon_dtype)
-    steps = torch.tensor(max(1, int(row["tok_per_sec"] * world * cfg.hours * 3600 * HOURS_USABLE)
-                             // (cfg.batch_size * context)), device=accelerator.device)
+    spent = time.time() - (started or time.time())  # setting up and measuring: part of the night
+    seconds = max(0.0, cfg.hours * 3600 - spent) * HOURS_USABLE
+    steps = torch.tensor(max(1, int(row["tok_per_sec"] * world * seconds) // (cfg.batch_size * context)),
+                         device=accelerator.device)
     if world > 1:  # one budget for every rank: the slowest measurement decides
         import torch.distributed as dist
 
         dist.all_reduce(steps, op=dist.ReduceOp.MIN)
     print(f"# --hours {cfg.hours:g}: {row['tok_per_sec'] * world:,.0f} tok/s measured -> {int(steps):,} steps "
-          f"({HOURS_USABLE:.0%} of the time trains; the rest is kept for evaluations and saves)", flush=True)
+          f"({spent:.0f} s spent starting and measuring; {HOURS_USABLE:.0%} of the rest trains, the remainder is kept "
+          "for evaluations and saves)", flush=True)
     return int(steps)
 
 

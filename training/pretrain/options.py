@@ -63,8 +63,9 @@ class PretrainConfig(TrainingOptions):
     tokens: int | None = option(None, "token budget (the LR schedule is built for exactly this)", group="budget",
                                 parse=parse_count, min=1)
     steps: int | None = option(None, "step budget", group="budget", min=1)
-    hours: float | None = option(None, "size the budget to end in this many hours: tok/s measured on this run's "
-                                       "shape and device, then fixed for the run (a resume keeps it)", group="budget",
+    hours: float | None = option(None, "size the budget to end this many hours after the night starts (its setup "
+                                       "and the measurement count): tok/s measured on this run's shape and device, "
+                                       "then fixed for the run (a resume keeps it)", group="budget",
                                  above=0)
     resume: str = option("auto", "auto: continue from the last complete checkpoint; never: start over in --out",
                          choices=("auto", "never"))

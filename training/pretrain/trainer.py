@@ -124,7 +124,7 @@ class Trainer:
     def __init__(self, cfg: PretrainConfig):
         from accelerate import Accelerator
 
-        self.cfg = cfg
+        self.cfg, self.started = cfg, time.time()  # --hours counts from here
         self.folder, data = Path(cfg.out), Path(cfg.data)
         self.report_to = parse_report_to(cfg.report_to)
         check_available(self.report_to)  # a missing tracker package is an error now, not an empty dashboard later
@@ -152,7 +152,8 @@ class Trainer:
             self.compiled, why = self._choose_compile(facts, plan, micro)
             self.total_steps = (cfg.steps or (max(1, cfg.tokens // self.tokens_per_step) if cfg.tokens else
                                               steps_for_hours(cfg, self.folder, accelerator, self.train_data,
-                                                              self.context, self.compiled, plan.muon_dtype)))
+                                                              self.context, self.compiled, plan.muon_dtype,
+                                                              self.started)))
             self.schedule = Schedule(cfg.lr, self.total_steps, cfg.schedule, cfg.warmup_frac, cfg.min_lr_ratio,
                                      cfg.decay_frac)
             fingerprint = trajectory_fingerprint(cfg, self.config, index, sha256_file(data / "shards_index.json"),

@@ -57,17 +57,40 @@ def test_hours_measures_the_micro_batch_the_night_will_run(tiny_shards, monkeypa
     assert set(seen) == {2}  # 8 rows in 4 micro-batches of 2, as the night with --grad-accum 4 runs them
 
 
-@pytest.mark.slow  # ~10-13 s: keeps the fast tier under 3 minutes
+@pytest.mark.slow  # ~15-40 s (two --hours measurements): keeps the fast tier under 3 minutes
 def test_hours_sizes_the_budget_by_measurement_and_a_resume_keeps_it(tiny_shards, tmp_path, capsys):
     run = tmp_path / "run"
-    cfg = PretrainConfig(**{**night_config(tiny_shards, run).__dict__, "steps": None, "hours": 0.0005,
-                            "eval_every": 10**6, "max_hours": 1e-9})  # sized for ~2 s, stopped after one step
+    cfg = PretrainConfig(**{**night_config(tiny_shards, run).__dict__, "steps": None, "hours": 0.03,
+                            "eval_every": 10**6, "max_hours": 1e-9})  # ~100 s from its start, stopped after a step
     pretrain(cfg)
     out = capsys.readouterr().out
     budget = json.loads((current_slot(run) / "train_state.json").read_text())["fingerprint"]["total_steps"]
     assert "tok/s measured ->" in out and budget > 1
-    pretrain(PretrainConfig(**{**cfg.__dict__, "hours": 5.0, "max_hours": None}))  # a resume never re-sizes
+    pretrain(PretrainConfig(**{**cfg.__dict__, "hours": 5.0}))  # a resume never re-sizes (and stops after a step)
     assert f"keeping this run's budget of {budget:,} steps" in capsys.readouterr().out
-    assert json.loads((current_slot(run) / "train_state.json").read_text())["step"] == budget
+    state = json.loads((current_slot(run) / "train_state.json").read_text())
+    assert state["step"] == 2 and state["fingerprint"]["total_steps"] == budget
     with pytest.raises(ValueError, match="exactly one of --tokens, --steps or --hours"):
         pretrain(PretrainConfig(**{**cfg.__dict__, "steps": 5}))
+
+
+def test_hours_counts_from_the_nights_start(tiny_shards, tmp_path, monkeypatch):
+    """--hours 1 means the night ends an hour after it started: the minutes already spent reading the shards,
+    building the model and measuring come off the budget (a hand computation; a night started an hour ago gets 1
+    step)."""
+    import time
+    from types import SimpleNamespace
+
+    from hitoban.training.pretrain import budget
+
+    monkeypatch.setattr(budget, "measure", lambda *a, **k: {"tok_per_sec": 1000.0})
+    accelerator = SimpleNamespace(num_processes=1, device="cpu")
+    train = SimpleNamespace(vocab_size=4000)
+    cfg = PretrainConfig(**{**night_config(tiny_shards, tmp_path / "run").__dict__, "steps": None, "hours": 1.0})
+    started = time.time() - 600  # ten minutes ago
+    steps = budget.steps_for_hours(cfg, tmp_path / "run", accelerator, train, 64, False, started=started)
+    spent = time.time() - started
+    expected = int(1000.0 * (3600 - spent) * budget.HOURS_USABLE) // (cfg.batch_size * 64)
+    assert abs(steps - expected) <= 1 and steps < int(1000.0 * 3600 * budget.HOURS_USABLE) // (cfg.batch_size * 64)
+    assert budget.steps_for_hours(cfg, tmp_path / "run", accelerator, train, 64, False,
+                                  started=time.time() - 3600) == 1  # the hour is gone already
