@@ -25,7 +25,7 @@ from hitoban.training.data.reader import ShardReader
 from hitoban.training.hardware import default_precision, plan_for
 from hitoban.training.pretrain.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from hitoban.training.pretrain.optim import AdamW, build_optimizer
-from hitoban.training.pretrain.options import DEFAULT_LR, PretrainConfig
+from hitoban.training.pretrain.options import PretrainConfig, default_lr
 from hitoban.training.pretrain.trainer import evaluate, pretrain
 from hitoban.training.step import reset_accelerate_state, train_step
 
@@ -42,7 +42,7 @@ def bare_tok_s(data: str, preset: str, steps: int, batch: int, context: int, pre
     config = HitobanConfig.from_preset(preset, vocab_size=reader.vocab_size)
     torch.manual_seed(0)
     model = HitobanForCausalLM(config).train()
-    optimizer = build_optimizer(model, optimizer_name, DEFAULT_LR[optimizer_name],  # what the loop runs
+    optimizer = build_optimizer(model, optimizer_name, default_lr(optimizer_name, preset),  # what the loop runs
                                 muon_dtype=plan_for("cpu").muon_dtype)
     start = None
     for step in range(steps + 2):

@@ -40,3 +40,14 @@ def test_the_kill_test_gets_the_nights_exact_options_back():
     assert argv[argv.index("--lr") + 1] == "0.002"  # resolved once, for its optimizer: the runs get the number
     assert TrainingOptions(data="x", optimizer="adamw").lr == 6e-4 and TrainingOptions(data="x", lr=1e-3).lr == 1e-3
     assert to_argv(dataclasses.replace(night, lr=2e-3)) != to_argv(night)  # and a change is carried
+
+
+def test_the_default_lr_is_the_measured_one_for_the_optimizer_and_shape():
+    from hitoban.training.pretrain.options import PretrainConfig
+
+    def lr(**options):
+        return PretrainConfig(data="d", out="o", steps=1, **options).lr
+
+    assert lr(preset="small") == 4e-3  # measured (bench_night, both CPU kinds)
+    assert lr(preset="3lm") == lr(preset="zxell-s") == lr(preset="tiny") == 2e-3  # not swept: the optimizer's
+    assert lr(preset="small", optimizer="adamw") == 6e-4 and lr(preset="small", lr=1e-3) == 1e-3
