@@ -11,8 +11,9 @@ from hitoban.training.trackers import REPORT_TO_HELP, parse_report_to
 
 DEFAULT_LR = {"muon": 2e-3, "adamw": 6e-4}  # adamw: 3LM's; muon: kept for the shapes no sweep has measured
 # Where a sweep measured better (benchmarks/bench_night.py, README Benchmarks: small, 125-160 steps, on CPUs with and
-# without native bf16, Muon + WSD at 4e-3 beat 2e-3 and 3e-3 on both held-out domains)
-PRESET_LR = {("muon", "small"): 4e-3}
+# without native bf16, Muon + WSD at 8e-3 beat 2e-3, 3e-3, 4e-3 and 6e-3 on both held-out domains, at 114 and 240
+# steps; longer nights at this shape were not swept)
+PRESET_LR = {("muon", "small"): 8e-3}
 
 
 def default_lr(optimizer: str, preset: str) -> float | None:
@@ -29,7 +30,7 @@ class TrainingOptions(Checked):
     batch_size: int = option(32, "sequences per optimizer step, over all processes", min=1)
     context: int | None = option(None, "tokens per sequence (default: the preset's)", min=2)
     grad_accum: int = option(1, "micro-batches per step (same result, less memory)", min=1)
-    lr: float | None = option(None, "peak learning rate (default: with muon 4e-3 at the small preset, 2e-3 at the "
+    lr: float | None = option(None, "peak learning rate (default: with muon 8e-3 at the small preset, 2e-3 at the "
                                     "others; 3LM's 6e-4 with adamw)", above=0)
     min_lr_ratio: float = option(0.1, "the schedule ends at this fraction of the peak", min=0, max=1)
     warmup_frac: float = option(0.02, "warmup: max(100 steps, this fraction), from 2%% of the peak", min=0, max=1)
