@@ -10,9 +10,9 @@ from hitoban.training.options import Checked, check_ranges, option, parse_count,
 from hitoban.training.trackers import REPORT_TO_HELP, parse_report_to
 
 DEFAULT_LR = {"muon": 2e-3, "adamw": 6e-4}  # adamw: 3LM's; muon: kept for the shapes no sweep has measured
-# Where a sweep measured better (benchmarks/bench_night.py, README Benchmarks: small, 125-160 steps, on CPUs with and
-# without native bf16, Muon + WSD at 8e-3 beat 2e-3, 3e-3, 4e-3 and 6e-3 on both held-out domains, at 114 and 240
-# steps; longer nights at this shape were not swept)
+# Where a sweep measured better (README Benchmarks: small, 16 x 256, fp32 on a CPU imitating one without native bf16,
+# Muon + WSD at 8e-3 beat 2e-3, 3e-3, 4e-3 and 6e-3 on both held-out domains at 114 and 240 steps; bench_night.py with
+# native bf16 confirms it against the Trainer; longer nights at this shape were not swept)
 PRESET_LR = {("muon", "small"): 8e-3}
 
 
