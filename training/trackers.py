@@ -20,6 +20,9 @@ PROJECT = "hitoban"  # the project (W&B, trackio, MLflow experiment) every hitob
 TRACKERS = ("tensorboard", "trackio", "wandb", "mlflow", "aim", "comet_ml", "clearml", "dvclive", "swanlab")
 EXTRAS = ("tensorboard", "trackio", "wandb", "mlflow")  # hitoban[...] extras; the others: pip install NAME
 CONTINUED = ("tensorboard", "trackio", "wandb", "mlflow")  # a resume continues the same tracker run
+# Config stored once, on the run's first session: TensorBoard adds a run per hparams call, MLflow refuses to change a
+# logged param (a resume with --allow-change would stop there); the change itself is in log.jsonl's "change" record
+CONFIG_ONCE = ("tensorboard", "mlflow")
 REPORT_TO_HELP = ("experiment trackers for the same numbers as log.jsonl, comma-separated: none, "
                   + ", ".join(TRACKERS) + " (through Accelerate's trackers; nothing is sent anywhere with none)")
 STATE = "trackers.json"
@@ -117,14 +120,14 @@ class RunTrackers:
                 self.trackers.append(cls(PROJECT, str(self.run)) if cls.requires_logging_directory else cls(PROJECT))
 
     def start(self, config: dict) -> None:
-        """Start every tracker with `config`; TensorBoard's hparams only on the run's first session (each call adds
-        a run to its list). MLflow's run id is kept for the next resume."""
+        """Start every tracker with `config` (TensorBoard's and MLflow's only on the run's first session:
+        CONFIG_ONCE). MLflow's run id is kept for the next resume."""
         from hitoban.provenance import write_json
 
         values, record = flat_config(config), {"report_to": self.names}
         for tracker in self.trackers:
             tracker.start()
-            if not (self.resumed and tracker.name == "tensorboard"):
+            if not (self.resumed and tracker.name in CONFIG_ONCE):
                 tracker.store_init_configuration(values)
             if tracker.name == "mlflow":
                 record["mlflow_run_id"] = tracker.tracker.info.run_id

@@ -102,3 +102,49 @@ def test_the_trainer_verbs_refuse_an_unknown_or_missing_tracker_before_reading_a
     with pytest.raises(UsageError, match=r"hitoban\[wandb\]"):
         finetune(options, log=lambda *_: None)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_resume_stores_the_config_again_only_where_the_tracker_allows_it(tmp_path):
+    """MLflow refuses to change a logged param (a resume with --allow-change total_steps stopped there, found by a
+    run against a real MLflow store) and TensorBoard adds a run per hparams call: only W&B and trackio update."""
+    from hitoban.training.trackers import RunTrackers
+
+    class Recorder:
+        def __init__(self, name):
+            self.name, self.calls = name, []
+
+        def start(self):
+            self.calls.append("start")
+
+        def store_init_configuration(self, values):
+            self.calls.append("config")
+
+    for resumed, expected in ((None, {"tensorboard", "mlflow", "wandb", "trackio"}), (7, {"wandb", "trackio"})):
+        trackers = RunTrackers([], tmp_path, "run", "0" * 32, resumed)
+        trackers.trackers = [Recorder(n) for n in ("tensorboard", "mlflow", "wandb", "trackio")]
+        for tracker in trackers.trackers:
+            if tracker.name == "mlflow":
+                tracker.tracker = type("Run", (), {"info": type("Info", (), {"run_id": "abc"})})()
+        trackers.start({"lr": 1e-3})
+        assert {t.name for t in trackers.trackers if "config" in t.calls} == expected
+        assert json.loads((tmp_path / "trackers.json").read_text())["mlflow_run_id"] == "abc"
+
+
+@pytest.mark.slow  # where the optional extras are installed (pip install 'hitoban[wandb]' 'hitoban[mlflow]')
+def test_wandb_offline_and_mlflow_continue_the_same_run_across_a_resume(tiny_shards, tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="runs where pip install 'hitoban[wandb]' was done")
+    mlflow = pytest.importorskip("mlflow", reason="runs where pip install 'hitoban[mlflow]' was done")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = tmp_path / "run"
+    pretrain(night_config(tiny_shards, run, steps=10, report_to="wandb,mlflow"))
+    pretrain(night_config(tiny_shards, run, steps=20, report_to="wandb,mlflow", allow_change="total_steps"))
+    losses = {r["step"]: r["loss"] for r in map(json.loads, (run / "log.jsonl").read_text().splitlines())
+              if r["type"] == "train"}
+    client = mlflow.tracking.MlflowClient()
+    run_id = json.loads((run / "trackers.json").read_text())["mlflow_run_id"]
+    assert {m.step: m.value for m in client.get_metric_history(run_id, "train/loss")} == losses
+    assert len(client.search_runs([client.get_experiment_by_name("hitoban").experiment_id])) == 1
+    sessions = sorted((run / "wandb").glob("offline-run-*"))
+    hitoban_run_id = json.loads((run / "config.json").read_text())["run_id"]
+    assert len(sessions) == 2 and all(s.name.endswith(hitoban_run_id) for s in sessions)  # one W&B run id
