@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 LINEAGE_FILE = "lineage.json"
+LLAMA_EXPORT_STAGE = "export-llama"  # the lineage stage of `hitoban export-llama`'s folders (card/upload read it)
 # A folder holding a file of this name holds fake data planted on purpose (the PII probe's canaries, the demo's fake
 # contacts): the secret scan reports it as test data instead of a leak.
 TEST_DATA_MARKER = "HITOBAN_TEST_DATA"

@@ -18,14 +18,12 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hitoban.errors import CheckFailed, OutputExistsError
-from hitoban.provenance import read_lineage, weights_sha256, write_lineage
+from hitoban.provenance import LLAMA_EXPORT_STAGE, read_lineage, weights_sha256, write_lineage
 
 from .configuration_hitoban import HitobanConfig
 from .llama_format import llama_cpp_chat_template, llama_state_dict, sentencepiece_model
 from .loading import TOKENIZER_FILES
 from .modeling_hitoban import HitobanForCausalLM
-
-EXPORT_STAGE = "export-llama"  # lineage.json's stage for a Llama export
 
 
 def llama_config(config: HitobanConfig) -> LlamaConfig:
@@ -102,7 +100,7 @@ def verify_llama_export(src: str | os.PathLike, export: str | os.PathLike, atol:
     src, export = Path(src), Path(export)
     lineage = read_lineage(export) or {}
     source = (lineage.get("base") or {}).get("weights_sha256")
-    if lineage.get("stage") != EXPORT_STAGE or lineage.get("weights_sha256") != weights_sha256(export):
+    if lineage.get("stage") != LLAMA_EXPORT_STAGE or lineage.get("weights_sha256") != weights_sha256(export):
         raise CheckFailed(f"{export}: not a verified Llama export (its lineage.json is missing, of another stage, "
                           "or of other weights); make it with `hitoban export-llama`")
     if source != weights_sha256(src):
@@ -112,7 +110,7 @@ def verify_llama_export(src: str | os.PathLike, export: str | os.PathLike, atol:
         raise CheckFailed(f"{export}/config.json is not a Llama config")
     ours = HitobanForCausalLM.from_pretrained(src, dtype=torch.float32)
     llama = LlamaForCausalLM.from_pretrained(export, dtype=torch.float32)
-    return check_same_model(ours, llama, atol)
+    return {**check_same_model(ours, llama, atol), "source_weights_sha256": source}
 
 
 def export_llama(src: str | os.PathLike, dst: str | os.PathLike, atol: float = 1e-5) -> dict:
@@ -134,6 +132,6 @@ def export_llama(src: str | os.PathLike, dst: str | os.PathLike, atol: float = 1
                 shutil.copy2(Path(src) / name, staged / name)
         if (Path(src) / "tokenizer.json").exists():
             write_llama_cpp_tokenizer_files(src, staged)
-        write_lineage(staged, EXPORT_STAGE, base_dir=src, format="llama", verification=checked)
+        lineage = write_lineage(staged, LLAMA_EXPORT_STAGE, base_dir=src, format="llama", verification=checked)
         os.replace(staged, dst)
-    return {**checked, "out": dst.name}
+    return {**checked, "source_weights_sha256": lineage["base"]["weights_sha256"], "out": dst.name}

@@ -22,9 +22,9 @@ from pathlib import Path
 from huggingface_hub import ModelCard, ModelCardData
 
 from hitoban.errors import InputError, MissingInputError
-from hitoban.provenance import ancestors, read_lineage, sha256_file, weights_sha256
+from hitoban.provenance import LLAMA_EXPORT_STAGE, ancestors, read_lineage, sha256_file, weights_sha256
 from hitoban.release.card_text import CardText
-from hitoban.release.formats import check_format, export_source, prepare_llama_export
+from hitoban.release.formats import check_format, prepare_llama_export
 
 NOT_MEASURED = "not measured"
 HOW_TO_MEASURE = {
@@ -126,8 +126,10 @@ def provenance_of(model_dir: Path, verified_export: bool = False) -> Provenance:
         lineage = {"stage": "unknown", "weights_sha256": own}
     chain = ancestors(lineage)
     names = {chain[0]["weights_sha256"]: "this model"}
-    source = export_source(model_dir) if verified_export else None
-    if source is not None and len(chain) > 1:
+    # a verified export's lineage (checked against its weights above) names the hitoban weights it came from
+    source = chain[1]["weights_sha256"] if verified_export and lineage.get("stage") == LLAMA_EXPORT_STAGE and len(
+        chain) > 1 else None
+    if source is not None:
         names[source] = (f"the hitoban model it was exported from, {chain[1].get('folder', '?')}, whose logits it "
                          "matches to 1e-5")
     for node in chain[1:]:

@@ -13,13 +13,11 @@ import json
 from pathlib import Path
 
 from hitoban.errors import CheckFailed, UsageError
-from hitoban.provenance import read_lineage, weights_sha256
 
 FORMATS = ("hitoban", "llama")
 FORMAT_HELP = ("hitoban: the folder itself (model_type hitoban, remote code beside it); llama: its verified Llama "
                "export, kept in MODEL_DIR-llama (made here when absent), which plain transformers, vLLM, MLX-LM, "
                "TGI and transformers.js load with no remote code")
-EXPORT_STAGE = "export-llama"  # modeling.export_llama's lineage stage (the model layer cannot be imported for --help)
 
 
 def check_format(fmt: str) -> str:
@@ -48,20 +46,7 @@ def prepare_llama_export(model_dir: str | Path, log=print) -> tuple[Path, dict]:
         checked = export_llama(model_dir, export)
         log(f"# {export}: Llama export of {model_dir} written and verified (max |logit diff| "
             f"{checked['max_abs_logit_diff']:.2g}, greedy text identical)")
-    return export, {**checked, "source_weights_sha256": weights_sha256(model_dir), "source": Path(model_dir).name}
-
-
-def export_source(folder: str | Path) -> str | None:
-    """The sha256 of the hitoban weights `folder` is a Llama export of, by its lineage.json (which must be of the
-    folder's own weights); None for anything else. Not proof by itself: callers verify the export first."""
-    lineage = read_lineage(folder)
-    if not lineage or lineage.get("stage") != EXPORT_STAGE:
-        return None
-    try:
-        own = weights_sha256(folder)
-    except FileNotFoundError:
-        return None
-    return (lineage.get("base") or {}).get("weights_sha256") if lineage.get("weights_sha256") == own else None
+    return export, {**checked, "source": Path(model_dir).name}
 
 
 def remote_code_refusals(folder: Path, names: list[str]) -> list[str]:

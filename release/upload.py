@@ -215,7 +215,7 @@ def upload_model(folder: str | os.PathLike, repo: str, dry_run: bool = False, pr
             raise UploadRefused(f"refusing to upload the Llama export of {folder}: {err}") from err
         log(f"# {export}: verified against {folder} (max |logit diff| {checked['max_abs_logit_diff']:.2g}, greedy "
             "text identical)")
-        export_of, pii_report = weights_sha256(folder), pii_report or str(Path(folder) / "pii.json")
+        export_of, pii_report = checked["source_weights_sha256"], pii_report or str(Path(folder) / "pii.json")
         folder = export
     plan = plan_upload(folder, repo, "model", include=include, pii_report=pii_report,
                        override_reason=override_reason, export_of=export_of)

@@ -18,8 +18,8 @@ from hitoban.errors import UsageError
 
 PROJECT = "hitoban"  # the project (W&B, trackio, MLflow experiment) every hitoban run reports to
 TRACKERS = ("tensorboard", "trackio", "wandb", "mlflow", "aim", "comet_ml", "clearml", "dvclive", "swanlab")
-EXTRAS = ("tensorboard", "trackio", "wandb", "mlflow")  # hitoban[...] extras; the others: pip install NAME
-CONTINUED = ("tensorboard", "trackio", "wandb", "mlflow")  # a resume continues the same tracker run
+# hitoban[...] extras (the others: pip install NAME); also the trackers whose run a resume continues (RunTrackers)
+EXTRAS = ("tensorboard", "trackio", "wandb", "mlflow")
 # Config stored once, on the run's first session: TensorBoard adds a run per hparams call, MLflow refuses to change a
 # logged param (a resume with --allow-change would stop there); the change itself is in log.jsonl's "change" record
 CONFIG_ONCE = ("tensorboard", "mlflow")
@@ -132,7 +132,7 @@ class RunTrackers:
             if tracker.name == "mlflow":
                 record["mlflow_run_id"] = tracker.tracker.info.run_id
         write_json(self.run / STATE, record)
-        later = [n for n in self.names if n not in CONTINUED]
+        later = [n for n in self.names if n not in EXTRAS]
         if later and self.resumed:
             print(f"# --report-to: this resume starts a new run in {', '.join(later)}", flush=True)
 
