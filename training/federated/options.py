@@ -25,7 +25,8 @@ class ServeOptions(TrainingOptions):
     probe_steps: int = option(20, "inner steps of a machine's first task, before its speed is known", min=1)
     outer_lr: float = option(0.7, "DiLoCo's outer learning rate (SGD with Nesterov momentum)", above=0)
     outer_momentum: float = option(0.9, "DiLoCo's outer Nesterov momentum (its buffers are the server's saved "
-                                        "outer state)", above=0, below=1)
+                                        "outer state); 0 with --outer-lr 1 is plain token-weighted averaging, "
+                                        "which measured closer to one machine over a few rounds", min=0, below=1)
     lease_minutes: float = option(60.0, "a round's timeout: a machine that has not answered by then loses its task "
                                         "to the queue", above=0)
     min_machines: int = option(1, "wait for this many machines before a round starts", min=1)

@@ -81,7 +81,7 @@ class DiLoCo(FedAvg):
         self.model = model
         self.names = {name for name in shared_tensors(model)}
         self.optimizer = torch.optim.SGD([p for n, p in model.named_parameters() if n in self.names], lr=lr,
-                                         momentum=momentum, nesterov=True)
+                                         momentum=momentum, nesterov=momentum > 0)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:

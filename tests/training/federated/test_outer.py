@@ -31,15 +31,15 @@ class Two(torch.nn.Module):
         self.b = torch.nn.Parameter(torch.tensor([[0.5, 0.25], [4.0, -1.0]]))
 
 
-def by_hand(theta: dict, rounds: list, momentum_factor: float) -> dict:
-    """DiLoCo's outer step written out: g = sum w_i d_i / sum w_i; m = mu m + g; theta -= 0.7 (g + mu m)."""
+def by_hand(theta: dict, rounds: list, momentum_factor: float, lr: float = 0.7) -> dict:
+    """DiLoCo's outer step written out: g = sum w_i d_i / sum w_i; m = mu m + g; theta -= lr (g + mu m)."""
     theta = {k: v.astype(np.float64).copy() for k, v in theta.items()}
     momentum = {k: np.zeros_like(v) for k, v in theta.items()}
     for deltas, windows in rounds:
         for k in theta:
             g = sum(w * d[k].astype(np.float64) for w, d in zip(windows, deltas)) / sum(windows)
             momentum[k] = momentum_factor * momentum[k] + g
-            theta[k] = theta[k] - 0.7 * (g + momentum_factor * momentum[k])
+            theta[k] = theta[k] - lr * (g + momentum_factor * momentum[k])
     return theta
 
 
@@ -62,6 +62,26 @@ def test_outer_step_is_token_weighted_nesterov_sgd_by_hand():
     # and an unweighted mean is told apart too
     unweighted = by_hand(start, [(d, [1, 1]) for d, _ in rounds], 0.9)
     assert not all(np.allclose(got[k], unweighted[k], atol=1e-3) for k in unweighted)
+
+
+def test_momentum_zero_and_lr_one_is_plain_token_weighted_averaging():
+    """`--outer-momentum 0 --outer-lr 1`: the global model becomes the token-weighted mean of the machines' models
+    (FedAvg), which measured closest to one machine over a few rounds (README, Benchmarks)."""
+    model = Two()
+    start = {k: v.detach().numpy().copy() for k, v in model.named_parameters()}
+    outer = DiLoCo(model, lr=1.0, momentum=0.0)
+    rng = np.random.default_rng(1)
+    rounds = [([{k: rng.normal(size=v.shape).astype(np.float16) for k, v in start.items()} for _ in range(2)], [3, 1])
+              for _ in range(3)]
+    for i, (deltas, windows) in enumerate(rounds):
+        outer.aggregate_train(i, [reply(5, deltas[0], windows[0]), reply(6, deltas[1], windows[1])])
+    got = {k: p.detach().numpy() for k, p in model.named_parameters()}
+    want = by_hand(start, rounds, 0.0, lr=1.0)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-6)
+    # the control: DiLoCo's momentum on the same deltas ends elsewhere
+    nesterov = by_hand(start, rounds, 0.9, lr=1.0)
+    assert not all(np.allclose(got[k], nesterov[k], atol=1e-3) for k in nesterov)
 
 
 SHAPES = {"a": (3,), "b": (2, 2)}
