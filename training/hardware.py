@@ -86,7 +86,7 @@ def plan_device(facts: DeviceFacts) -> DevicePlan:
         native = facts.cpu_bf16
         precision, compiles = ("bf16" if native else "no"), True
         why = (f"CPU {facts.name}: " + ("native bf16 (AMX / AVX512-BF16 / Arm bf16)" if native else
-               "no native bf16 (AVX2 or older: emulated bf16 is ~4x slower), so fp32 throughout"))
+               "no native bf16 (no AMX / AVX512-BF16 / Arm bf16: bf16 is emulated and slower), so fp32 throughout"))
     dtype = "bfloat16" if native else "float32"
     return DevicePlan(precision, native, dtype, dtype, compiles, why)
 

@@ -1,7 +1,10 @@
 """hitoban's Flower ClientApp: what a joined machine does with each message from the server.
 
-A "train" message carries the global weights and a task; the reply carries the fp16 delta, the windows and seconds
-it took (the server sizes the next task from them) and the task's id. A machine whose shards differ from the
+A "train" message carries a task and the global weights: in full, or as the fp16 outer update to the weights the
+machine kept from its last task (training/federated/downlink.py), checked against the server's sha256 either way (a
+machine without those weights, or whose result differs, answers with an error and gets them in full next round).
+The reply carries the fp16 delta, the windows and seconds it took (the server sizes the next task from them) and
+the task's id. A machine whose shards differ from the
 server's answers with an error naming the shard instead, before it trains; one whose delta is not finite answers
 with an error too (the server re-checks either way). A "query" message with `done` is the end of the run: the
 machine writes STATE/DONE so `hitoban federate join` can leave.
@@ -15,11 +18,12 @@ from pathlib import Path
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from hitoban.training.federated.downlink import UPDATE, WEIGHTS, apply_update, decode_scales, weights_digest
 from hitoban.training.federated.inner import Machine, ShardMismatch, finite
 from hitoban.training.federated.outer import DELTA, METRICS, TASK, WEIGHT
 
 PLANT_NAN_ENV = "HITOBAN_TEST_FEDERATED_NAN_DELTA"  # negative control: this machine sends a NaN delta on purpose
-ERROR_SHARDS, ERROR_DIVERGED = 4001, 4002
+ERROR_SHARDS, ERROR_DIVERGED, ERROR_WEIGHTS = 4001, 4002, 4003
 
 app = ClientApp()
 _machines: dict[tuple, Machine] = {}
@@ -36,9 +40,29 @@ def machine_for(node_config) -> Machine:
     return _machines[key]
 
 
+def global_weights(machine: Machine, msg: Message) -> dict | str:
+    """The global weights this task starts from: sent in full, or the machine's held ones plus the fp16 update
+    (training/federated/downlink.py); either way checked against the server's sha256. A string says why not."""
+    task, records = msg.content.config_records[TASK], msg.content.array_records
+    run_id, version = str(task["run-id"]), int(task["version"])
+    if UPDATE in records:
+        held = machine.held_weights(run_id, int(task["base"]))
+        if held is None:
+            return f"an update to the weights of round {int(task['base'])}, which this machine does not hold"
+        weights = apply_update(held, records[UPDATE].to_torch_state_dict(), decode_scales(str(task["scales"])))
+    else:
+        weights = records[WEIGHTS].to_torch_state_dict()
+    if weights_digest(weights) != str(task["sha256"]):
+        return f"the weights of round {version} do not match the server's sha256: not trained from"
+    machine.hold(weights, run_id, version)
+    return weights
+
+
 def train_reply(machine: Machine, msg: Message) -> Message:
     task = msg.content.config_records[TASK]
-    weights = msg.content.array_records["weights"].to_torch_state_dict()
+    weights = global_weights(machine, msg)
+    if isinstance(weights, str):  # not the server's weights: nothing is trained, the server sends them in full
+        return Message(Error(code=ERROR_WEIGHTS, reason=f"{machine.name}: {weights}"), reply_to=msg)
     try:
         result = machine.train(weights, task)
     except ShardMismatch as err:

@@ -143,6 +143,32 @@ class Machine:
         reset_accelerate_state()
         return TaskResult(delta, end - start, seconds, mean_loss)
 
+    # ----------------------------------------------------------- the global weights, as the downlink last left them
+    def _global_path(self) -> Path:
+        return self.state / "global-weights.safetensors"
+
+    def held_weights(self, run_id: str, version: int) -> dict[str, torch.Tensor] | None:
+        """The global weights of round `version` of run `run_id` if this machine holds them (a restarted machine
+        reads them back from its state folder), else None."""
+        path = self._global_path()
+        if not path.exists():
+            return None
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("run-id") != run_id or meta.get("version") != str(version):
+                return None
+            return {name: f.get_tensor(name) for name in f.keys()}
+
+    def hold(self, weights: dict[str, torch.Tensor], run_id: str, version: int) -> None:
+        """Keep the weights a task started from: the next round's fp16 update is applied to them. Atomic."""
+        self.state.mkdir(parents=True, exist_ok=True)
+        tmp = self._global_path().with_suffix(".tmp")
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp),
+                  metadata={"run-id": run_id, "version": str(version)})
+        os.replace(tmp, self._global_path())
+
     # ---------------------------------------------------------------- the inner optimizer state, kept on the machine
     def _inner_path(self) -> Path:
         return self.state / "inner-optimizer.safetensors"

@@ -27,6 +27,14 @@ from hitoban.errors import UsageError
 from hitoban.provenance import read_lineage, write_json
 from hitoban.training.data.reader import ShardReader
 from hitoban.training.data.shards import load_index, sha256_file
+from hitoban.training.federated.downlink import (
+    UPDATE,
+    WEIGHTS,
+    apply_update,
+    encode_scales,
+    encode_update,
+    weights_digest,
+)
 from hitoban.training.federated.inner import trajectory_of
 from hitoban.training.federated.options import ServeOptions
 from hitoban.training.federated.outer import DELTA, METRICS, TASK, DiLoCo, refusal, shared_tensors
@@ -92,6 +100,10 @@ class Server:
                                 data_index_sha256=self.fingerprint["data_index_sha256"],
                                 args={k: v for k, v in dataclasses.asdict(options).items() if k not in ("data", "out")})
         self.machines: dict[str, dict] = {}  # str(node id) -> {"name", "tok_s"}
+        # the downlink (training/federated/downlink.py): which global weights (by round) each node holds, and the
+        # fp16 outer update of the last round; neither is saved: after a resume every machine gets the weights
+        self.held: dict[int, int] = {}
+        self.last_update: tuple[int, dict, dict] | None = None  # (round it leads to, fp16 update, scales)
         self.refused_nodes: dict[str, str] = {}
         self.rounds_log: list[dict] = []
         self.resumed = self._resume()
@@ -150,9 +162,26 @@ class Server:
                                    "join`, then start the server again with the same command (it resumes)")
             time.sleep(1.0)
 
-    def _task_config(self, task: Task) -> ConfigRecord:
+    def _downlink(self, node: int, current: dict, version: int) -> tuple[str, ArrayRecord]:
+        """The fp16 outer update where the node holds the last round's weights, else the weights in full."""
+        if self.last_update is not None and self.last_update[0] == version and self.held.get(node) == version - 1:
+            return UPDATE, ArrayRecord(self.last_update[1])
+        return WEIGHTS, ArrayRecord(current)
+
+    def _round_the_step(self, before: dict, round_: int) -> None:
+        """The global model becomes `before + decode(fp16 update)`: the weights every machine will rebuild."""
+        update, scales = encode_update({k: v for k, v in shared_tensors(self.model).items()}, before)
+        rounded = apply_update(before, update, scales)
+        with torch.no_grad():
+            for name, tensor in shared_tensors(self.model).items():
+                tensor.copy_(rounded[name])
+        self.last_update = (round_, update, scales)
+
+    def _task_config(self, task: Task, version: int, digest: str) -> ConfigRecord:
+        scales = self.last_update[2] if self.last_update is not None and self.last_update[0] == version else {}
         return ConfigRecord({
             "run-id": self.state.run_id, "task-id": task.task_id, "start": task.start, "end": task.end,
+            "version": version, "base": version - 1, "sha256": digest, "scales": encode_scales(scales),
             "seed": self.options.seed, "context": self.context, "total-windows": self.total_windows,
             "total-steps": self.total_steps, "round": task.round,
             "options": json.dumps(trajectory_of(self.options)), "shards": json.dumps(self.shards)})
@@ -161,15 +190,17 @@ class Server:
         round_ = self.state.step + 1
         speeds = {n: (self.machines.get(str(n)) or {}).get("tok_s") for n in nodes}
         sizes = slice_windows(speeds, self.options.inner_steps, self.options.batch_size, self.options.probe_steps)
-        weights = ArrayRecord({k: v.detach().float().cpu() for k, v in shared_tensors(self.model).items()})
-        down = weights.count_bytes()
+        current = {k: v.detach().float().cpu().clone() for k, v in shared_tensors(self.model).items()}  # not aliased
+        version, digest = self.state.step, weights_digest(current)
         tasks: dict[int, Task] = {}
         for node in nodes:
             task = self.queue.take(sizes[node], node, round_)
             if task is not None:
                 tasks[node] = task
-        messages = [Message(RecordDict({"weights": weights, TASK: self._task_config(task)}), dst_node_id=node,
-                            message_type=MessageType.TRAIN) for node, task in tasks.items()]
+        payloads = {node: self._downlink(node, current, version) for node in tasks}  # node -> (kind, record)
+        down = {node: record.count_bytes() for node, (_, record) in payloads.items()}
+        messages = [Message(RecordDict({**dict([payloads[node]]), TASK: self._task_config(task, version, digest)}),
+                            dst_node_id=node, message_type=MessageType.TRAIN) for node, task in tasks.items()]
         began = time.time()
         self.log(f"round {round_}: {len(tasks)} machine(s), windows "
                  + ", ".join(f"{self._name(n)} [{t.start:,}, {t.end:,})" for n, t in tasks.items()))
@@ -197,11 +228,13 @@ class Server:
                 accepted.append((reply, task))
                 continue
             self._refuse(round_, node, why, task)
-            self.queue.lose(task, self._name(node), why, down)
+            self.held.pop(node, None)  # what it holds now is unknown: the weights in full next time
+            self.queue.lose(task, self._name(node), why, down[node])
             if reply is not None and reply.has_error() and "ShardMismatch" in reply.error.reason:
                 self.refused_nodes[str(node)] = reply.error.reason  # never given a task again
         if accepted:
             self.strategy.aggregate_train(round_, [reply for reply, _ in accepted])
+        self._round_the_step(current, round_)
         round_tokens = 0
         for reply, task in accepted:
             metrics, info = reply.content.metric_records[METRICS], reply.content.config_records[TASK]
@@ -209,7 +242,8 @@ class Server:
             tok_s = float(metrics["tokens"]) / max(float(metrics["seconds"]), 1e-9)
             self.machines[str(node)] = {"name": str(info.get("machine", f"node-{node}")), "tok_s": tok_s}
             up = reply.content.array_records[DELTA].count_bytes()
-            self.queue.complete(task, self._name(node), float(metrics["seconds"]), up, down)
+            self.queue.complete(task, self._name(node), float(metrics["seconds"]), up, down[node])
+            self.held[node] = version  # it checked the weights' sha256 before training from them
             round_tokens += task.windows * self.context
         self.state.step = round_
         self.state.tokens_seen = self.queue.completed_windows * self.context
@@ -218,7 +252,7 @@ class Server:
                   "tokens": round_tokens, "tokens_seen": self.state.tokens_seen, "seconds": round(seconds, 2),
                   "train_loss": (sum(float(r.content.metric_records[METRICS]["loss"]) * t.windows for r, t in accepted)
                                  / max(sum(t.windows for _, t in accepted), 1)) if accepted else None,
-                  "bytes_down": down * len(tasks), "bytes_up": sum(r.content.array_records[DELTA].count_bytes()
+                  "bytes_down": sum(down.values()), "bytes_up": sum(r.content.array_records[DELTA].count_bytes()
                                                                    for r, _ in accepted)}
         self.rounds_log.append(record)
         self._record(record)

@@ -58,5 +58,5 @@ def test_a_machine_whose_server_never_answers_leaves_after_wait_minutes(tiny_sha
     started = time.time()
     with pytest.raises(FlowerFailed, match="no server accepted m at 127.0.0.1:"):
         join(JoinOptions(server=f"127.0.0.1:{free_port()}", data=str(tiny_shards), name="m", state=str(tmp_path),
-                         insecure=True, wait_minutes=0.1), show=lambda line: None)
+                         insecure=True, wait_minutes=0.04), show=lambda line: None)
     assert time.time() - started < 60  # it left; the SuperNode it started is stopped with it

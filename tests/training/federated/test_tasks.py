@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hitoban.training.federated.tasks import TaskQueue, budget_windows, slice_windows, window_order
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(budget=st.integers(1, 400), batch=st.integers(1, 16),
        plan=st.lists(st.tuples(st.integers(1, 60), st.booleans()), min_size=1, max_size=40))
 def test_every_window_is_completed_exactly_once_whatever_is_lost(budget, batch, plan):
