@@ -5,11 +5,17 @@ commands on loopback: `hitoban federate serve --insecure` and N `hitoban federat
 SuperLink and SuperNodes (every message pays Flower's polling, ~3 s each way, and a fresh ClientApp process). The
 machines share this computer's cores (each gets cores / N threads), so wall time says what the protocol costs here,
 not what N computers would take. Every model is scored with `hitoban eval bpc`'s bits/char on held-out literature and
-web never trained on. Bytes: what each machine sent and received (the ArrayRecords' sizes, fp32 weights down, fp16
-deltas up) against what DDP would all-reduce at the same tokens and global batch: a ring all-reduce of fp32
-gradients sends 2 (n - 1) / n x 4 bytes per parameter per step from each machine.
+web never trained on. Bytes: what each machine sent (fp16 deltas) and received (fp32 weights the first time, then the
+fp16 outer update), the ArrayRecords' sizes, against what DDP would move at the same tokens and global batch: a ring
+all-reduce of fp32 gradients sends 2 (n - 1) / n x 4 bytes per parameter per step from each machine and receives as
+many. Both ratios are printed: bytes sent, and bytes sent + received.
+
+`--machine-batch` is each machine's batch (default: the single run's 16 divided among the machines, so every machine
+takes the single run's sequential steps and the global batch is the same); `--outer-lr 1 --outer-momentum 0` is plain
+token-weighted averaging instead of DiLoCo's Nesterov step.
 
     python benchmarks/bench_federated.py [--tokens 2457600] [--inner-steps 75] [--machines 1 2 4] [--out DIR]
+                                         [--machine-batch B] [--outer-lr 0.7] [--outer-momentum 0.9]
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ CLI = [sys.executable, "-m", "hitoban.cli"]
 SHAPE = ["--preset", "tiny", "--context", "256", "--batch-size", "16", "--cpu"]
 
 
-def federated(shards: Path, out: Path, machines: int, tokens: int, inner_steps: int) -> dict:
+def federated(shards: Path, out: Path, machines: int, tokens: int, inner_steps: int, batch: int,
+              outer: list[str]) -> dict:
     """serve + `machines` joins on loopback; returns the summary and the wall time from the first process start."""
     from hitoban.training.federated.launch import free_port
 
@@ -39,10 +46,11 @@ def federated(shards: Path, out: Path, machines: int, tokens: int, inner_steps: 
     port = free_port()
     started = time.time()
     threads = str(max(1, (os.cpu_count() or 2) // machines))
-    server = subprocess.Popen(CLI + ["federate", "serve", "--data", str(shards), "--out", str(out / "run"), *SHAPE,
-                                     "--tokens", str(tokens), "--inner-steps", str(inner_steps), "--probe-steps",
-                                     str(inner_steps), "--min-machines", str(machines), "--port", str(port),
-                                     "--insecure", "--eval-every", "1000"],
+    shape = SHAPE[: SHAPE.index("--batch-size") + 1] + [str(batch)] + SHAPE[SHAPE.index("--batch-size") + 2:]
+    server = subprocess.Popen(CLI + ["federate", "serve", "--data", str(shards), "--out", str(out / "run"), *shape,
+                                     *outer, "--tokens", str(tokens), "--inner-steps", str(inner_steps),
+                                     "--probe-steps", str(inner_steps), "--min-machines", str(machines), "--port",
+                                     str(port), "--insecure", "--eval-every", "1000"],
                               stdout=open(out / "serve.log", "wb"), stderr=subprocess.STDOUT)
     joins = [subprocess.Popen(CLI + ["federate", "join", f"127.0.0.1:{port}", "--data", str(shards), "--state",
                                      str(out / f"machine-{i}"), "--name", f"machine-{i}", "--insecure", "--cpu"],
@@ -65,6 +73,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=2_457_600, help="every run's token budget (600 x 16 x 256)")
     parser.add_argument("--inner-steps", type=int, default=75, help="DiLoCo's H for the federated runs")
     parser.add_argument("--machines", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--machine-batch", type=int, help="each machine's batch (default: 16 / machines)")
+    parser.add_argument("--outer-lr", type=float, default=0.7, help="the server's outer lr (DiLoCo: 0.7)")
+    parser.add_argument("--outer-momentum", type=float, default=0.9, help="its Nesterov momentum (0: plain averaging)")
     parser.add_argument("--corpus", help="corpus folder (default: the larger corpus if present, else tests/corpus)")
     parser.add_argument("--out", default="bench-federated")
     args = parser.parse_args()
@@ -78,40 +89,49 @@ def main() -> None:
                                                             str(args.tokens), "--out", str(single), "--no-progress"])}
     models = {"one machine (hitoban pretrain)": single / "final"}
     summaries = {}
+    outer = ["--outer-lr", str(args.outer_lr), "--outer-momentum", str(args.outer_momentum)]
+    batches = {}
     for n in args.machines:
-        label = f"federated, {n} machine{'s' if n > 1 else ''} (DiLoCo H={args.inner_steps})"
-        summaries[label] = federated(shards, out / "runs" / f"fed-{n}", n, args.tokens, args.inner_steps)
+        batches[n] = args.machine_batch or max(1, 16 // n)
+        label = (f"federated, {n} machine{'s' if n > 1 else ''} x batch {batches[n]} (H={args.inner_steps}, outer lr "
+                 f"{args.outer_lr:g}, momentum {args.outer_momentum:g})")
+        summaries[label] = federated(shards, out / "runs" / f"fed-{n}", n, args.tokens, args.inner_steps, batches[n],
+                                     outer)
         seconds[label] = summaries[label]["seconds"]
         models[label] = out / "runs" / f"fed-{n}" / "run" / "final"
     bpc = bits_per_char(models, domains, out)
     params = HitobanForCausalLM.from_pretrained(single / "final").num_parameters()  # tied: counted once
-    steps = args.tokens // (16 * 256)
     base = {d: bpc[("one machine (hitoban pretrain)", d)] for d in ("literature", "web")}
     lines = [f"same shards, `tiny` shape ({params / 1e6:.2f}M parameters), {args.tokens:,} tokens each, on "
-             f"{os.cpu_count()} shared CPU cores; bytes per machine (sent + received) against DDP's ring all-reduce "
-             f"of fp32 gradients over {steps} steps",
+             f"{os.cpu_count()} shared CPU cores; bytes per machine against DDP's ring all-reduce of fp32 gradients "
+             "at the same global batch",
              "| run | rounds | wall s | bits/char literature | bits/char web | vs one machine (lit / web) | "
-             "MB per machine | DDP MB per machine | DDP / federated bytes |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "MB sent / received per machine | DDP MB sent / received | DDP / federated, sent | "
+             "DDP / federated, sent + received |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for label in models:
         lit, web = bpc[(label, "literature")], bpc[(label, "web")]
         row = f"| {label} | "
         if label in summaries:
             s = summaries[label]
             n = len([m for m in s["per_machine"].values() if m["windows"]])
-            per = max(m["bytes_up"] + m["bytes_down"] for m in s["per_machine"].values()) / 1e6
-            ddp = steps * 2 * (n - 1) / n * 4 * params / 1e6 if n > 1 else 0.0
-            ratio = f"{ddp / per:,.0f}x" if ddp else "(no all-reduce)"
+            sent = max(m["bytes_up"] for m in s["per_machine"].values()) / 1e6
+            received = max(m["bytes_down"] for m in s["per_machine"].values()) / 1e6
+            steps = args.tokens // (batches[len(s["per_machine"])] * len(s["per_machine"]) * 256)  # DDP's steps
+            ddp = steps * 2 * (n - 1) / n * 4 * params / 1e6 if n > 1 else 0.0  # sent, and as much received
+            ratios = (f"{ddp / sent:,.0f}x | {2 * ddp / (sent + received):,.0f}x" if ddp
+                      else "(no all-reduce) | (no all-reduce)")
             row += f"{s['rounds']} | {seconds[label]:.0f} | "
-            tail = f" | {per:,.1f} | {ddp:,.1f} | {ratio} |"
+            tail = f" | {sent:,.1f} / {received:,.1f} | {ddp:,.1f} / {ddp:,.1f} | {ratios} |"
         else:
             row += f"- | {seconds[label]:.0f} | "
-            tail = " | - | - | - |"
+            tail = " | - | - | - | - |"
         lines.append(row + f"{lit:.3f} | {web:.3f} | {lit - base['literature']:+.3f} / {web - base['web']:+.3f}"
                      + tail)
     print("\n".join(lines))
     (out / "bench_federated.json").write_text(json.dumps({
-        "tokens": args.tokens, "inner_steps": args.inner_steps, "seconds": seconds,
+        "tokens": args.tokens, "inner_steps": args.inner_steps, "seconds": seconds, "machine_batch": batches,
+        "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
         "bpc": {f"{k[0]} | {k[1]}": v for k, v in bpc.items()}, "summaries": summaries}, indent=1, default=str))
 
 

@@ -164,6 +164,7 @@ def test_the_console_script_help_loads_neither_torch_nor_transformers():
     assert "verbs, in the order a night goes" in done.stdout and "heavy: []" in done.stdout, done.stderr[-2000:]
 
 
+@pytest.mark.slow  # a process of its own that loads a model (~8 s): the full suite runs it
 def test_the_console_script_runs_a_verb_that_loads_a_model(tiny_model_dir):
     """As the console script the package imports the model lazily; a verb that loads a saved folder through the
     Auto classes must still find them registered."""

@@ -96,6 +96,7 @@ def test_resume_never_keeps_the_earlier_run_until_the_new_one_has_saved(tiny_sha
     assert not (run / "previous-run").exists() and weights_sha256(run / "final") != kept
 
 
+@pytest.mark.slow  # a `hitoban pretrain` process of its own, SIGKILLed (~7 s): the full suite runs it
 def test_one_process_per_run_folder_and_a_dead_holder_never_blocks(tiny_shards, tmp_path):
     """Two `hitoban pretrain` on one --out destroyed each other's saves. The second is refused at once, naming the
     first's pid; after the first is SIGKILLed (its lock file stays) the run resumes."""

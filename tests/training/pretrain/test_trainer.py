@@ -153,6 +153,7 @@ def test_a_compiled_run_resumes_bit_exactly_and_an_eager_run_resumes_it(tiny_sha
     assert summary["steps"] == 12 and not summary["compiled"]
 
 
+@pytest.mark.slow  # a `hitoban pretrain` process of its own (~8 s): the full suite runs it
 def test_sigterm_saves_at_the_next_step_and_exits_cleanly(tiny_shards, tmp_path):
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "hitoban.cli", "pretrain", "--data", str(tiny_shards), "--out",
