@@ -33,7 +33,8 @@ from bench_night import bits_per_char, prepare, run
 from corpora import pick_corpus
 
 CLI = [sys.executable, "-m", "hitoban.cli"]
-SHAPE = ["--preset", "tiny", "--context", "256", "--batch-size", "16", "--cpu"]
+SHAPE = ["--preset", "tiny", "--context", "256", "--cpu"]
+BATCH = 16  # the single run's batch
 
 
 def federated(shards: Path, out: Path, machines: int, tokens: int, inner_steps: int, batch: int,
@@ -46,11 +47,10 @@ def federated(shards: Path, out: Path, machines: int, tokens: int, inner_steps: 
     port = free_port()
     started = time.time()
     threads = str(max(1, (os.cpu_count() or 2) // machines))
-    shape = SHAPE[: SHAPE.index("--batch-size") + 1] + [str(batch)] + SHAPE[SHAPE.index("--batch-size") + 2:]
-    server = subprocess.Popen(CLI + ["federate", "serve", "--data", str(shards), "--out", str(out / "run"), *shape,
-                                     *outer, "--tokens", str(tokens), "--inner-steps", str(inner_steps),
-                                     "--probe-steps", str(inner_steps), "--min-machines", str(machines), "--port",
-                                     str(port), "--insecure", "--eval-every", "1000"],
+    server = subprocess.Popen(CLI + ["federate", "serve", "--data", str(shards), "--out", str(out / "run"), *SHAPE,
+                                     "--batch-size", str(batch), *outer, "--tokens", str(tokens), "--inner-steps",
+                                     str(inner_steps), "--probe-steps", str(inner_steps), "--min-machines",
+                                     str(machines), "--port", str(port), "--insecure", "--eval-every", "1000"],
                               stdout=open(out / "serve.log", "wb"), stderr=subprocess.STDOUT)
     joins = [subprocess.Popen(CLI + ["federate", "join", f"127.0.0.1:{port}", "--data", str(shards), "--state",
                                      str(out / f"machine-{i}"), "--name", f"machine-{i}", "--insecure", "--cpu"],
@@ -85,18 +85,19 @@ def main() -> None:
 
     single = out / "runs" / "single"
     shutil.rmtree(single, ignore_errors=True)
-    seconds = {"one machine (hitoban pretrain)": run(CLI + ["pretrain", "--data", str(shards), *SHAPE, "--tokens",
+    seconds = {"one machine (hitoban pretrain)": run(CLI + ["pretrain", "--data", str(shards), *SHAPE, "--batch-size",
+                                                            str(BATCH), "--tokens",
                                                             str(args.tokens), "--out", str(single), "--no-progress"])}
     models = {"one machine (hitoban pretrain)": single / "final"}
     summaries = {}
     outer = ["--outer-lr", str(args.outer_lr), "--outer-momentum", str(args.outer_momentum)]
-    batches = {}
+    batches = {}  # label -> (machines, each machine's batch)
     for n in args.machines:
-        batches[n] = args.machine_batch or max(1, 16 // n)
-        label = (f"federated, {n} machine{'s' if n > 1 else ''} x batch {batches[n]} (H={args.inner_steps}, outer lr "
+        batch = args.machine_batch or max(1, BATCH // n)
+        label = (f"federated, {n} machine{'s' if n > 1 else ''} x batch {batch} (H={args.inner_steps}, outer lr "
                  f"{args.outer_lr:g}, momentum {args.outer_momentum:g})")
-        summaries[label] = federated(shards, out / "runs" / f"fed-{n}", n, args.tokens, args.inner_steps, batches[n],
-                                     outer)
+        batches[label] = (n, batch)
+        summaries[label] = federated(shards, out / "runs" / f"fed-{n}", n, args.tokens, args.inner_steps, batch, outer)
         seconds[label] = summaries[label]["seconds"]
         models[label] = out / "runs" / f"fed-{n}" / "run" / "final"
     bpc = bits_per_char(models, domains, out)
@@ -117,7 +118,7 @@ def main() -> None:
             n = len([m for m in s["per_machine"].values() if m["windows"]])
             sent = max(m["bytes_up"] for m in s["per_machine"].values()) / 1e6
             received = max(m["bytes_down"] for m in s["per_machine"].values()) / 1e6
-            steps = args.tokens // (batches[len(s["per_machine"])] * len(s["per_machine"]) * 256)  # DDP's steps
+            steps = args.tokens // (batches[label][0] * batches[label][1] * 256)  # DDP's steps at this global batch
             ddp = steps * 2 * (n - 1) / n * 4 * params / 1e6 if n > 1 else 0.0  # sent, and as much received
             ratios = (f"{ddp / sent:,.0f}x | {2 * ddp / (sent + received):,.0f}x" if ddp
                       else "(no all-reduce) | (no all-reduce)")
@@ -130,7 +131,8 @@ def main() -> None:
                      + tail)
     print("\n".join(lines))
     (out / "bench_federated.json").write_text(json.dumps({
-        "tokens": args.tokens, "inner_steps": args.inner_steps, "seconds": seconds, "machine_batch": batches,
+        "tokens": args.tokens, "inner_steps": args.inner_steps, "seconds": seconds,
+        "machine_batch": {label: batch for label, (_, batch) in batches.items()},
         "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
         "bpc": {f"{k[0]} | {k[1]}": v for k, v in bpc.items()}, "summaries": summaries}, indent=1, default=str))
 

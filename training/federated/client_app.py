@@ -4,10 +4,10 @@ A "train" message carries a task and the global weights: in full, or as the fp16
 machine kept from its last task (training/federated/downlink.py), checked against the server's sha256 either way (a
 machine without those weights, or whose result differs, answers with an error and gets them in full next round).
 The reply carries the fp16 delta, the windows and seconds it took (the server sizes the next task from them) and
-the task's id. A machine whose shards differ from the
-server's answers with an error naming the shard instead, before it trains; one whose delta is not finite answers
-with an error too (the server re-checks either way). A "query" message with `done` is the end of the run: the
-machine writes STATE/DONE so `hitoban federate join` can leave.
+the task's id. A machine whose shards differ from the server's answers with an error naming the shard instead,
+before it trains; one whose delta is not finite answers with an error too (the server re-checks either way). A
+"query" message with `done` is the end of the run: the machine writes STATE/DONE so `hitoban federate join` can
+leave.
 """
 
 from __future__ import annotations

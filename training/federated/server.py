@@ -162,23 +162,25 @@ class Server:
                                    "join`, then start the server again with the same command (it resumes)")
             time.sleep(1.0)
 
-    def _downlink(self, node: int, current: dict, version: int) -> tuple[str, ArrayRecord]:
-        """The fp16 outer update where the node holds the last round's weights, else the weights in full."""
+    def _downlink(self, node: int, current: dict, version: int) -> tuple[str, ArrayRecord, dict[str, int]]:
+        """(record name, record, scales): the fp16 outer update where the node holds the last round's weights, else
+        the weights in full (no scales)."""
         if self.last_update is not None and self.last_update[0] == version and self.held.get(node) == version - 1:
-            return UPDATE, ArrayRecord(self.last_update[1])
-        return WEIGHTS, ArrayRecord(current)
+            _, update, scales = self.last_update
+            return UPDATE, ArrayRecord(update), scales
+        return WEIGHTS, ArrayRecord(current), {}
 
     def _round_the_step(self, before: dict, round_: int) -> None:
         """The global model becomes `before + decode(fp16 update)`: the weights every machine will rebuild."""
-        update, scales = encode_update({k: v for k, v in shared_tensors(self.model).items()}, before)
+        tensors = shared_tensors(self.model)
+        update, scales = encode_update(tensors, before)
         rounded = apply_update(before, update, scales)
         with torch.no_grad():
-            for name, tensor in shared_tensors(self.model).items():
+            for name, tensor in tensors.items():
                 tensor.copy_(rounded[name])
         self.last_update = (round_, update, scales)
 
-    def _task_config(self, task: Task, version: int, digest: str) -> ConfigRecord:
-        scales = self.last_update[2] if self.last_update is not None and self.last_update[0] == version else {}
+    def _task_config(self, task: Task, version: int, digest: str, scales: dict[str, int]) -> ConfigRecord:
         return ConfigRecord({
             "run-id": self.state.run_id, "task-id": task.task_id, "start": task.start, "end": task.end,
             "version": version, "base": version - 1, "sha256": digest, "scales": encode_scales(scales),
@@ -197,9 +199,10 @@ class Server:
             task = self.queue.take(sizes[node], node, round_)
             if task is not None:
                 tasks[node] = task
-        payloads = {node: self._downlink(node, current, version) for node in tasks}  # node -> (kind, record)
-        down = {node: record.count_bytes() for node, (_, record) in payloads.items()}
-        messages = [Message(RecordDict({**dict([payloads[node]]), TASK: self._task_config(task, version, digest)}),
+        payloads = {node: self._downlink(node, current, version) for node in tasks}
+        down = {node: record.count_bytes() for node, (_, record, _) in payloads.items()}
+        messages = [Message(RecordDict({payloads[node][0]: payloads[node][1],
+                                        TASK: self._task_config(task, version, digest, payloads[node][2])}),
                             dst_node_id=node, message_type=MessageType.TRAIN) for node, task in tasks.items()]
         began = time.time()
         self.log(f"round {round_}: {len(tasks)} machine(s), windows "

@@ -110,7 +110,7 @@ def test_a_machine_whose_weights_do_not_match_is_refused_and_gets_them_in_full(t
     # round 3: b gets the weights in full again, a the update
     assert rounds[2]["bytes_down"] == pytest.approx((4 + 2) * params, rel=0.01)
     # a machine that lost its weights (its state folder wiped) is refused the update, not trained on other weights
-    from test_server import Machine
+    from hitoban.training.federated.inner import Machine
 
     machine = Machine(tiny_shards, tmp_path / "empty", "c", cpu=True)
     assert machine.held_weights(json.loads((run / "config.json").read_text())["run_id"], 1) is None
