@@ -12,10 +12,11 @@ many. Both ratios are printed: bytes sent, and bytes sent + received.
 
 `--machine-batch` is each machine's batch (default: the single run's 16 divided among the machines, so every machine
 takes the single run's sequential steps and the global batch is the same); `--outer-lr 1 --outer-momentum 0` is plain
-token-weighted averaging instead of DiLoCo's Nesterov step.
+token-weighted averaging instead of DiLoCo's Nesterov step. `--seed` is every run's (the single run's too): a run per
+seed says how far one comparison moves by chance alone.
 
     python benchmarks/bench_federated.py [--tokens 2457600] [--inner-steps 75] [--machines 1 2 4] [--out DIR]
-                                         [--machine-batch B] [--outer-lr 0.7] [--outer-momentum 0.9]
+                                         [--machine-batch B] [--outer-lr 0.7] [--outer-momentum 0.9] [--seed 1234]
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ BATCH = 16  # the single run's batch
 
 
 def federated(shards: Path, out: Path, machines: int, tokens: int, inner_steps: int, batch: int,
-              outer: list[str]) -> dict:
+              shape: list[str], outer: list[str]) -> dict:
     """serve + `machines` joins on loopback; returns the summary and the wall time from the first process start."""
     from hitoban.training.federated.launch import free_port
 
@@ -47,7 +48,7 @@ def federated(shards: Path, out: Path, machines: int, tokens: int, inner_steps: 
     port = free_port()
     started = time.time()
     threads = str(max(1, (os.cpu_count() or 2) // machines))
-    server = subprocess.Popen(CLI + ["federate", "serve", "--data", str(shards), "--out", str(out / "run"), *SHAPE,
+    server = subprocess.Popen(CLI + ["federate", "serve", "--data", str(shards), "--out", str(out / "run"), *shape,
                                      "--batch-size", str(batch), *outer, "--tokens", str(tokens), "--inner-steps",
                                      str(inner_steps), "--probe-steps", str(inner_steps), "--min-machines",
                                      str(machines), "--port", str(port), "--insecure", "--eval-every", "1000"],
@@ -76,16 +77,18 @@ def main() -> None:
     parser.add_argument("--machine-batch", type=int, help="each machine's batch (default: 16 / machines)")
     parser.add_argument("--outer-lr", type=float, default=0.7, help="the server's outer lr (DiLoCo: 0.7)")
     parser.add_argument("--outer-momentum", type=float, default=0.9, help="its Nesterov momentum (0: plain averaging)")
+    parser.add_argument("--seed", type=int, default=1234, help="every run's seed (the night's default: 1234)")
     parser.add_argument("--corpus", help="corpus folder (default: the larger corpus if present, else tests/corpus)")
     parser.add_argument("--out", default="bench-federated")
     args = parser.parse_args()
+    shape = SHAPE + ["--seed", str(args.seed)]
     out = Path(args.out)
     shards, domains = prepare(pick_corpus(args.corpus)[0], out)
     from hitoban.modeling import HitobanForCausalLM
 
     single = out / "runs" / "single"
     shutil.rmtree(single, ignore_errors=True)
-    seconds = {"one machine (hitoban pretrain)": run(CLI + ["pretrain", "--data", str(shards), *SHAPE, "--batch-size",
+    seconds = {"one machine (hitoban pretrain)": run(CLI + ["pretrain", "--data", str(shards), *shape, "--batch-size",
                                                             str(BATCH), "--tokens",
                                                             str(args.tokens), "--out", str(single), "--no-progress"])}
     models = {"one machine (hitoban pretrain)": single / "final"}
@@ -97,7 +100,8 @@ def main() -> None:
         label = (f"federated, {n} machine{'s' if n > 1 else ''} x batch {batch} (H={args.inner_steps}, outer lr "
                  f"{args.outer_lr:g}, momentum {args.outer_momentum:g})")
         batches[label] = (n, batch)
-        summaries[label] = federated(shards, out / "runs" / f"fed-{n}", n, args.tokens, args.inner_steps, batch, outer)
+        summaries[label] = federated(shards, out / "runs" / f"fed-{n}", n, args.tokens, args.inner_steps, batch, shape,
+                                     outer)
         seconds[label] = summaries[label]["seconds"]
         models[label] = out / "runs" / f"fed-{n}" / "run" / "final"
     bpc = bits_per_char(models, domains, out)
@@ -133,7 +137,7 @@ def main() -> None:
     (out / "bench_federated.json").write_text(json.dumps({
         "tokens": args.tokens, "inner_steps": args.inner_steps, "seconds": seconds,
         "machine_batch": {label: batch for label, (_, batch) in batches.items()},
-        "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum,
+        "outer_lr": args.outer_lr, "seed": args.seed, "outer_momentum": args.outer_momentum,
         "bpc": {f"{k[0]} | {k[1]}": v for k, v in bpc.items()}, "summaries": summaries}, indent=1, default=str))
 
 

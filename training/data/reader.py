@@ -4,7 +4,8 @@
 (proportional to shard tokens) and a random offset in it; a row is a window of ctx + 1 tokens (inputs and
 next-token targets), which may cross document boundaries. Nothing about the data position needs saving: any
 process given (seed, step) builds the same array, which is what makes exact resume and DDP consistent.
-Under DDP each rank takes its contiguous slice of the global batch, so the global batch equals the single-process one.
+Under DDP each rank takes its contiguous slice of the global batch, so the global batch equals the single-process one;
+a federated machine takes any range of the rows (`rows`), so the machines of a round train the single run's rows.
 """
 
 from __future__ import annotations
@@ -41,36 +42,37 @@ class ShardReader:
     def total_tokens(self) -> int:
         return int(self.tokens.sum())
 
-    def batch(self, seed: int, step: int, batch_size: int, ctx: int, rank: int = 0, world_size: int = 1) -> np.ndarray:
-        """int64 array (batch_size // world_size, ctx + 1): this rank's rows of global batch (seed, step)."""
+    def _draw(self, seed: int, step: int, batch_size: int, ctx: int) -> tuple[np.ndarray, np.ndarray]:
+        """(shard, offset) of every row of global batch (seed, step): the night's one random draw."""
         usable = self.tokens - ctx - 1
         if (usable < 0).all():
             raise ShardError(f"every {self.split} shard is shorter than one window of {ctx + 1} tokens")
-        if batch_size % world_size:
-            raise ValueError(f"global batch {batch_size} is not divisible by {world_size} processes")
         weights = np.where(usable >= 0, self.tokens, 0).astype(np.float64)
         rng = np.random.default_rng([seed, step])
         shard_ids = rng.choice(len(self.arrays), size=batch_size, p=weights / weights.sum())
-        offsets = rng.integers(0, usable[shard_ids] + 1)
+        return shard_ids, rng.integers(0, usable[shard_ids] + 1)
+
+    def batch(self, seed: int, step: int, batch_size: int, ctx: int, rank: int = 0, world_size: int = 1) -> np.ndarray:
+        """int64 array (batch_size // world_size, ctx + 1): this rank's rows of global batch (seed, step)."""
+        if batch_size % world_size:
+            raise ValueError(f"global batch {batch_size} is not divisible by {world_size} processes")
+        shard_ids, offsets = self._draw(seed, step, batch_size, ctx)
         per_rank = batch_size // world_size
         rows = range(rank * per_rank, (rank + 1) * per_rank)
         return np.stack([self.arrays[shard_ids[r]][offsets[r] : offsets[r] + ctx + 1] for r in rows]).astype(np.int64)
 
-    def window_counts(self, ctx: int) -> np.ndarray:
-        """Windows of ctx + 1 tokens at stride ctx in each shard (every token a target once): the federated run's
-        unit of work (training/federated/tasks.py)."""
-        return np.maximum(self.tokens - 1, 0) // ctx
-
-    def windows(self, ids: np.ndarray, ctx: int) -> np.ndarray:
-        """int64 rows (len(ids), ctx + 1): windows numbered over all shards in index order."""
-        counts = self.window_counts(ctx)
-        ends = np.cumsum(counts)
-        ids = np.asarray(ids, dtype=np.int64)
-        if len(ids) and (ids.min() < 0 or ids.max() >= ends[-1]):
-            raise ValueError(f"window ids must lie in [0, {int(ends[-1])})")
-        shard = np.searchsorted(ends, ids, side="right")
-        local = ids - (ends - counts)[shard]
-        return np.stack([self.arrays[s][o * ctx : o * ctx + ctx + 1] for s, o in zip(shard, local)]).astype(np.int64)
+    def rows(self, seed: int, positions: np.ndarray, global_batch: int, ctx: int) -> np.ndarray:
+        """int64 rows (len(positions), ctx + 1) at budget positions of the night's batches: position p is row
+        p % global_batch of global batch (seed, p // global_batch). A federated task is a range of positions, so
+        machines train exactly the rows a single machine at that global batch would, cut wherever the task is."""
+        positions = np.asarray(positions, dtype=np.int64)
+        out = np.empty((len(positions), ctx + 1), dtype=np.int64)
+        for step in np.unique(positions // global_batch):
+            shard_ids, offsets = self._draw(seed, int(step), global_batch, ctx)
+            for i in np.flatnonzero(positions // global_batch == step):
+                r = int(positions[i] % global_batch)
+                out[i] = self.arrays[shard_ids[r]][offsets[r] : offsets[r] + ctx + 1]
+        return out
 
     def domain_documents(self, max_tokens: int) -> dict[str, list[np.ndarray]]:
         """Whole documents per domain, in file order, until the next one would pass `max_tokens` (at least one):

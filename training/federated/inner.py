@@ -2,10 +2,13 @@
 night's own step, return the delta.
 
 The inner steps are the night's (`training.step.train_step`, the night's optimizer built by `build_optimizer`, its
-`Schedule` at the task's place in the budget, the machine's own device plan for precision and Muon's Newton-Schulz).
-Batches are the task's windows in the run's seeded order, B at a time: a pure function of (seed, window range), so
-a re-issued range trains the same rows on any machine. The inner optimizer state stays on the machine (DiLoCo keeps
-it local), saved after every task, so a machine killed mid-task loses at most that task and rejoins with its state.
+`Schedule` at the round's place in the budget (`tasks.schedule_step`), the machine's own device plan for precision
+and Muon's Newton-Schulz).
+Batches are the task's rows of the night's batches at the run's global batch (`ShardReader.rows`), B at a time: a
+pure function of (seed, position range), so a re-issued range trains the same rows on any machine, and the machines
+of a round together train exactly the rows a single machine would. The inner optimizer state stays on the machine
+(DiLoCo keeps it local), saved after every task, so a machine killed mid-task loses at most that task and rejoins
+with its state.
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
 from hitoban.errors import InputError
 from hitoban.training.data.reader import ShardReader
 from hitoban.training.data.shards import load_index, sha256_file
-from hitoban.training.federated.tasks import budget_windows
+from hitoban.training.federated.tasks import schedule_step
 from hitoban.training.pretrain.options import TrainingOptions
 
 MACHINE_ONLY = ("data", "cpu", "precision", "compile", "memory_cap_gb", "skip_memory_check", "grad_accum")
@@ -112,7 +116,7 @@ class Machine:
         missing, unexpected = model.load_state_dict(weights, strict=False)
         if unexpected or [k for k in missing if k != "lm_head.weight"]:
             raise InputError(f"the server's weights do not fit the model (missing {missing}, unexpected {unexpected})")
-        schedule = Schedule(options.lr, int(task["total-steps"]), options.schedule, options.warmup_frac,
+        schedule = Schedule(options.lr, int(task["schedule-steps"]), options.schedule, options.warmup_frac,
                             options.min_lr_ratio, options.decay_frac)
         optimizer = build_optimizer(model, options.optimizer, schedule.lr(0), options.weight_decay,
                                     options.adam_bias_correction, plan.muon_dtype)
@@ -120,15 +124,18 @@ class Machine:
         model, optimizer = accelerator.prepare(model, optimizer)
         place_step_counters(optimizer)
         start, end, batch = int(task["start"]), int(task["end"]), options.batch_size
-        ids = budget_windows(int(task["seed"]), int(task["total-windows"]), start, end)
+        positions = np.arange(start, end, dtype=np.int64)
         pause = float(os.environ.get(PAUSE_PER_STEP_ENV, 0))
+        task_steps = math.ceil((end - start) / batch)
         losses, began = [], time.perf_counter()
-        for first in range(start, end, batch):
-            rows = self.reader.windows(ids[first - start : min(first + batch, end) - start], context)
-            step = first // batch  # the place in the budget: the schedule a single machine would be at
+        for k, first in enumerate(range(start, end, batch)):
+            rows = self.reader.rows(int(task["seed"]), positions[first - start : min(first + batch, end) - start],
+                                    int(task["global-batch"]), context)
+            lr_step = schedule_step(int(task["round-start"]), int(task["round-windows"]), k, task_steps,
+                                    int(task["budget-windows"]), schedule.total_steps)
             for group in optimizer.param_groups:
-                group["lr"] = schedule.lr(step)
-            torch.manual_seed(step_seed(options.seed, step, 0))
+                group["lr"] = schedule.lr(lr_step)
+            torch.manual_seed(step_seed(options.seed, first // batch, 0))  # dropout: keyed to the rows
             loss, _ = train_step(model, optimizer, accelerator, rows, math.gcd(len(rows), self.grad_accum),
                                  options.grad_clip)
             losses.append(loss)

@@ -29,7 +29,9 @@ class ServeOptions(TrainingOptions):
                                         "which measured closer to one machine over a few rounds", min=0, below=1)
     lease_minutes: float = option(60.0, "a round's timeout: a machine that has not answered by then loses its task "
                                         "to the queue", above=0)
-    min_machines: int = option(1, "wait for this many machines before a round starts", min=1)
+    min_machines: int = option(1, "wait for this many machines before a round starts; the lr schedule is a single "
+                                  "machine's at the global batch --batch-size x this, fixed when the run starts",
+                               min=1)
     wait_minutes: float = option(60.0, "give up when fewer than --min-machines machines are connected this long",
                                  above=0)
     eval_every: int = option(1, "validation of the global model every N rounds (and at the end)", min=1)

@@ -55,17 +55,17 @@ FEDERATED_KEYS = ("tokens", "inner_steps", "probe_steps", "outer_lr", "outer_mom
 
 
 def plan_budget(options: ServeOptions, train: ShardReader) -> tuple:
-    """(model config, context, train windows, budget windows) for `train`, the run's train split; a UsageError when
-    the budget is not one window."""
+    """(model config, context, budget rows) for `train`, the run's train split; a UsageError when the budget is not
+    one row or the split has no window of the context."""
     from hitoban.training.pretrain.options import shaped_config
 
     config, context = shaped_config(options.preset, train.vocab_size, options.context, dropout=options.dropout)
-    total = int(train.window_counts(context).sum())
     budget = options.tokens // context
-    if budget < 1 or total < 1:
-        raise UsageError(f"--tokens {options.tokens:,} is {budget:,} windows of {context} tokens and the train split "
-                         f"has {total:,}: a federated run needs at least one of each")
-    return config, context, total, budget
+    if budget < 1 or int(train.tokens.max()) < context + 1:
+        raise UsageError(f"--tokens {options.tokens:,} is {budget:,} rows of {context} tokens and the longest train "
+                         f"shard has {int(train.tokens.max()):,} tokens: a federated run needs a row of "
+                         f"{context + 1} tokens and a budget of at least one")
+    return config, context, budget
 
 
 def read_options(run: Path) -> ServeOptions:
@@ -84,8 +84,13 @@ class Server:
         self.val = ShardReader(data, "val", verify=False) if index["splits"]["val"]["tokens"] else None
         from hitoban.modeling import HitobanForCausalLM
 
-        self.config, self.context, self.total_windows, budget = plan_budget(options, self.train)
+        self.config, self.context, budget = plan_budget(options, self.train)
         self.total_steps = math.ceil(budget / options.batch_size)
+        # the global batch (--batch-size x --min-machines): the night's batches at this size are the budget's rows
+        # (ShardReader.rows) and its schedule is the one the machines walk by the budget's progress
+        # (tasks.schedule_step); fixed when the run starts and kept through resumes, so a restart with another
+        # --min-machines does not change the trajectory's past
+        self.global_batch = options.batch_size * options.min_machines
         self.shards = {s["name"]: s["sha256"] for s in index["shards"] if s["split"] == "train"}
         fingerprint = trajectory_fingerprint(options, self.config, index, sha256_file(data / "shards_index.json"),
                                              self.context, self.total_steps, "per machine")
@@ -108,6 +113,10 @@ class Server:
         self.rounds_log: list[dict] = []
         self.resumed = self._resume()
 
+    @property
+    def schedule_steps(self) -> int:
+        return math.ceil(self.queue.budget_windows / self.global_batch)
+
     def _resume(self) -> bool:
         if self.options.resume != "auto" or current_slot(self.run) is None:
             return False
@@ -115,6 +124,7 @@ class Server:
                                      check=lambda state: check_resumable(state, self.fingerprint), log=self.log)
         extra = saved.extra
         self.queue = TaskQueue.from_json(extra["queue"])
+        self.global_batch = int(extra["global_batch"])
         self.machines, self.refused_nodes = extra["machines"], extra["refused_nodes"]
         self.state = dataclasses.replace(saved, resumes=saved.resumes + 1)
         self.log(f"# resumed at round {saved.step} ({self.queue.completed_windows:,} of "
@@ -129,7 +139,7 @@ class Server:
             "kind": "pretrain-run", "schema": 1, "run_id": self.state.run_id, "model": fp["model_config"],
             "args": {k: v for k, v in dataclasses.asdict(options).items() if k not in ("data", "out")},
             "data_index_sha256": fp["data_index_sha256"], "tokenizer_sha256": fp["tokenizer_sha256"],
-            "total_steps": self.total_steps, "tokens_per_step": options.batch_size * self.context,
+            "total_steps": self.schedule_steps, "tokens_per_step": self.global_batch * self.context,
             "hardware": "federated (each machine's own device plan)", "fingerprint": fp,
             "federated": {k: getattr(options, k) for k in FEDERATED_KEYS + ("lease_minutes", "min_machines")}})
 
@@ -180,12 +190,14 @@ class Server:
                 tensor.copy_(rounded[name])
         self.last_update = (round_, update, scales)
 
-    def _task_config(self, task: Task, version: int, digest: str, scales: dict[str, int]) -> ConfigRecord:
+    def _task_config(self, task: Task, version: int, digest: str, scales: dict[str, int], round_start: int,
+                     round_windows: int) -> ConfigRecord:
         return ConfigRecord({
             "run-id": self.state.run_id, "task-id": task.task_id, "start": task.start, "end": task.end,
             "version": version, "base": version - 1, "sha256": digest, "scales": encode_scales(scales),
-            "seed": self.options.seed, "context": self.context, "total-windows": self.total_windows,
-            "total-steps": self.total_steps, "round": task.round,
+            "seed": self.options.seed, "context": self.context, "global-batch": self.global_batch,
+            "schedule-steps": self.schedule_steps, "budget-windows": self.queue.budget_windows,
+            "round-start": round_start, "round-windows": round_windows, "round": task.round,
             "options": json.dumps(trajectory_of(self.options)), "shards": json.dumps(self.shards)})
 
     def _round(self, grid, nodes: list[int]) -> None:
@@ -194,15 +206,18 @@ class Server:
         sizes = slice_windows(speeds, self.options.inner_steps, self.options.batch_size, self.options.probe_steps)
         current = {k: v.detach().float().cpu().clone() for k, v in shared_tensors(self.model).items()}  # not aliased
         version, digest = self.state.step, weights_digest(current)
+        round_start = self.queue.completed_windows  # the schedule's place: the budget trained so far
         tasks: dict[int, Task] = {}
         for node in nodes:
             task = self.queue.take(sizes[node], node, round_)
             if task is not None:
                 tasks[node] = task
+        round_windows = sum(task.windows for task in tasks.values())
         payloads = {node: self._downlink(node, current, version) for node in tasks}
         down = {node: record.count_bytes() for node, (_, record, _) in payloads.items()}
         messages = [Message(RecordDict({payloads[node][0]: payloads[node][1],
-                                        TASK: self._task_config(task, version, digest, payloads[node][2])}),
+                                        TASK: self._task_config(task, version, digest, payloads[node][2],
+                                                                   round_start, round_windows)}),
                             dst_node_id=node, message_type=MessageType.TRAIN) for node, task in tasks.items()]
         began = time.time()
         self.log(f"round {round_}: {len(tasks)} machine(s), windows "
@@ -310,7 +325,7 @@ class Server:
 
     def _save(self) -> Path:
         self.state.extra = {"queue": self.queue.to_json(), "machines": self.machines,
-                            "refused_nodes": self.refused_nodes}
+                            "refused_nodes": self.refused_nodes, "global_batch": self.global_batch}
         return save_checkpoint(self.run, self.model, self.strategy.optimizer, self.state, self.tokenizer_dir)
 
     def lineage(self) -> dict:
@@ -326,7 +341,7 @@ class Server:
         slot = current_slot(self.run)
         export_final(self.run, slot, {
             "run": self.run.name, "run_id": self.state.run_id, "step": self.state.step, "rounds": self.state.step,
-            "total_steps": self.total_steps, "val_loss": self.state.best_val, "tokens_seen": self.state.tokens_seen,
+            "total_steps": self.schedule_steps, "val_loss": self.state.best_val, "tokens_seen": self.state.tokens_seen,
             "resumes": self.state.resumes, "elapsed_hours": round(self.state.elapsed_sec / 3600, 4),
             "hardware": "federated: " + ", ".join(sorted(self.queue.per_node)), "federated": self.lineage(),
             "data_index_sha256": self.fingerprint["data_index_sha256"],

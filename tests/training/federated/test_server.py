@@ -137,15 +137,21 @@ def test_a_machine_with_a_changed_shard_is_refused_by_name_before_it_trains(tiny
 def test_a_server_killed_between_rounds_resumes_to_the_uninterrupted_model(tiny_shards, tmp_path):
     """One inner step per task: the plan cannot depend on measured speeds (which differ between runs), so the two
     runs train the same tasks and must end bit for bit equal."""
-    fixed = dict(inner_steps=1, probe_steps=1)
+    """Restarted with another --min-machines (one machine is gone for good), the run keeps the lr schedule it started
+    with: the control, a whole run with --min-machines 1, ends elsewhere."""
+    fixed = dict(inner_steps=1, probe_steps=1, min_machines=2)
     whole = start(tiny_shards, tmp_path / "whole", **fixed).serve(LocalGrid(machines(tiny_shards, tmp_path / "w")))
     run = tmp_path / "run"
     with pytest.raises(Crash):
         start(tiny_shards, run, **fixed).serve(LocalGrid(machines(tiny_shards, tmp_path / "m"), crash_at=3))
     assert records(run, "round")[-1]["round"] == 2
-    again = start(tiny_shards, run, **fixed).serve(LocalGrid(machines(tiny_shards, tmp_path / "m")))
+    again = start(tiny_shards, run, **{**fixed, "min_machines": 1}).serve(LocalGrid(machines(tiny_shards,
+                                                                                             tmp_path / "m")))
     assert again["resumes"] == 1 and again["tokens_seen"] == whole["tokens_seen"]
     assert again["final_weights_sha256"] == whole["final_weights_sha256"]  # bit for bit, on the CPU
+    other = start(tiny_shards, tmp_path / "other", **{**fixed, "min_machines": 1}).serve(
+        LocalGrid(machines(tiny_shards, tmp_path / "o")))
+    assert other["final_weights_sha256"] != whole["final_weights_sha256"]
 
 
 def test_the_server_resume_refuses_a_changed_trajectory(tiny_shards, tmp_path):

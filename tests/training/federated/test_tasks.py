@@ -1,5 +1,5 @@
 """The federated budget: every window handed out until trained exactly once, whatever is lost on the way; slices
-sized by speed; windows read where they are."""
+sized by speed; a task's rows are the night's batches; its lr the night's schedule at the budget's progress."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hitoban.training.federated.tasks import TaskQueue, budget_windows, slice_windows, window_order
+from hitoban.training.federated.tasks import TaskQueue, slice_windows
 
 
 @settings(max_examples=30, deadline=None)
@@ -41,7 +41,7 @@ def test_a_returned_range_is_handed_out_before_fresh_windows_and_in_budget_order
     queue.lose(second, "b", "late")
     queue.lose(first, "a", "late")
     again = queue.take(6, 3, 2)
-    assert (again.start, again.end) == (0, 6)  # the earliest lost range first: it keeps its place in the schedule
+    assert (again.start, again.end) == (0, 6)  # the earliest lost range first (budget order)
     assert queue.take(100, 3, 2).end == 10
     assert (queue.take(3, 3, 2).start, queue.reissued[0]["lost_by"]) == (10, "b")
 
@@ -52,32 +52,49 @@ def test_slices_follow_measured_speed_and_an_unmeasured_machine_gets_the_probe()
     assert slice_windows({1: 1.0, 2: 1e-6}, 80, 4, 5)[2] == 4  # at least one step
 
 
-def test_window_order_is_a_seeded_permutation():
-    order = window_order(3, 1000)
-    assert sorted(order.tolist()) == list(range(1000))
-    assert (order == window_order(3, 1000)).all() and not (order == window_order(4, 1000)).all()
-
-
-def test_a_budget_longer_than_the_data_runs_into_further_epochs_each_window_once_per_epoch():
-    ids = budget_windows(5, 10, 0, 25)
-    assert sorted(ids[:10].tolist()) == sorted(ids[10:20].tolist()) == list(range(10))
-    assert not (ids[:10] == ids[10:20]).all()  # each epoch in its own order
-    assert (budget_windows(5, 10, 7, 23) == ids[7:23]).all()  # a range is the same windows wherever it is cut
-
-
-def test_windows_read_the_tokens_they_name(tiny_shards):
+def test_task_rows_are_the_single_runs_batches_cut_anywhere(tiny_shards):
+    """Position p is row p % G of the night's batch (seed, p // G): two machines of batch G/2 take the night's DDP
+    rank slices, one machine of batch G the night's batches whole, and a range cut mid-step (a re-issued or last
+    task) the same rows as the whole; another seed draws other rows (the control)."""
     from hitoban.training.data.reader import ShardReader
 
-    reader = ShardReader(tiny_shards, "train")
-    ctx = 64
-    counts = reader.window_counts(ctx)
-    assert (counts == (reader.tokens - 1) // ctx).all()
-    streams = [np.asarray(a, dtype=np.int64) for a in reader.arrays]
-    ids = np.array([0, counts[0] - 1, counts[0], int(counts.sum()) - 1])
-    rows = reader.windows(ids, ctx)
-    expected = [streams[0][0 : ctx + 1], streams[0][(counts[0] - 1) * ctx : counts[0] * ctx + 1],
-                streams[1][0 : ctx + 1],
-                streams[-1][(counts[-1] - 1) * ctx : counts[-1] * ctx + 1]]
-    assert all((row == want).all() for row, want in zip(rows, expected))
-    with pytest.raises(ValueError, match="window ids"):
-        reader.windows(np.array([int(counts.sum())]), ctx)
+    reader, ctx, G, seed = ShardReader(tiny_shards, "train"), 32, 8, 11
+    for step in range(3):
+        whole = reader.batch(seed, step, G, ctx)
+        assert (reader.rows(seed, np.arange(step * G, (step + 1) * G), G, ctx) == whole).all()
+        for rank in range(2):
+            half = np.arange(step * G + rank * G // 2, step * G + (rank + 1) * G // 2)
+            assert (reader.rows(seed, half, G, ctx) == reader.batch(seed, step, G, ctx, rank, 2)).all()
+    night = np.concatenate([reader.batch(seed, step, G, ctx) for step in range(3)])
+    assert (reader.rows(seed, np.arange(5, 19), G, ctx) == night[5:19]).all()
+    assert not (reader.rows(seed + 1, np.arange(0, 8), G, ctx) == night[:8]).all()
+    with pytest.raises(Exception, match="shorter than one window"):
+        reader.rows(seed, np.arange(2), G, int(reader.tokens.max()))
+
+
+def test_machines_side_by_side_use_the_lr_a_single_machine_at_the_global_batch_would():
+    """Inner steps walk the schedule by the budget's progress (DiLoCo's inner schedule). Written out for 2 machines
+    x batch 8 against one machine x batch 16 over the same budget: in round r both machines' k-th steps are the
+    single run's step r*H + k (not the second machine 75 steps ahead, starting round 1 past the warmup); one
+    machine at the global batch is the single run exactly; a slow machine's fewer steps span the same stretch; a
+    range trained again after a loss gets the lr of the round that trains it."""
+    from hitoban.training.federated.tasks import schedule_step
+
+    H, single_steps, budget = 75, 600, 600 * 16  # windows; the single run takes 600 steps of 16
+    for r in range(8):
+        start, round_windows = r * 2 * H * 8, 2 * H * 8
+        for machine in range(2):
+            steps = [schedule_step(start, round_windows, k, H, budget, single_steps) for k in range(H)]
+            assert steps == [r * H + k for k in range(H)], (r, machine)
+    alone = [schedule_step(r * H * 16, H * 16, k, H, budget, single_steps) for r in range(8) for k in range(H)]
+    assert alone == list(range(single_steps))
+    # an RTX 3060 with H steps and a GTX 1050 with H/8 in the same round: both start and end within the round's stretch
+    round_windows = (H + H // 8) * 8
+    fast = [schedule_step(0, round_windows, k, H, budget, single_steps) for k in range(H)]
+    slow = [schedule_step(0, round_windows, k, H // 8, budget, single_steps) for k in range(H // 8)]
+    stretch = round_windows * single_steps // budget
+    assert fast[0] == slow[0] == 0 and max(fast[-1], slow[-1]) < stretch and slow == sorted(set(slow))
+    assert slow[-1] >= stretch - stretch // (H // 8) - 1  # the slow one's steps are spread over the stretch
+    # a lost range handed out again two rounds later, at budget progress 1200 windows: its lr is that round's
+    again = [schedule_step(1200, 1200, k, H, budget, single_steps) for k in range(H)]
+    assert again == [H + k for k in range(H)]
