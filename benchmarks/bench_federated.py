@@ -12,11 +12,14 @@ many. Both ratios are printed: bytes sent, and bytes sent + received.
 
 `--machine-batch` is each machine's batch (default: the single run's 16 divided among the machines, so every machine
 takes the single run's sequential steps and the global batch is the same); `--outer-lr 1 --outer-momentum 0` is plain
-token-weighted averaging instead of DiLoCo's Nesterov step. `--seed` is every run's (the single run's too): a run per
-seed says how far one comparison moves by chance alone.
+token-weighted averaging instead of DiLoCo's Nesterov step. `--in-process` runs the same server and machine code
+through the tests' in-process grid (tests/training/federated/test_server.py's LocalGrid: no Flower processes, no
+polling, the machines one after another), about half the time: for sweeps; the README's target rows are Flower's.
+`--seed` is every run's (the single run's too): a run per seed says how far one comparison moves by chance alone.
 
     python benchmarks/bench_federated.py [--tokens 2457600] [--inner-steps 75] [--machines 1 2 4] [--out DIR]
                                          [--machine-batch B] [--outer-lr 0.7] [--outer-momentum 0.9] [--seed 1234]
+                                         [--in-process]
 """
 
 from __future__ import annotations
@@ -69,6 +72,31 @@ def federated(shards: Path, out: Path, machines: int, tokens: int, inner_steps: 
     return {"seconds": time.time() - started, **json.loads((out / "run" / "summary.json").read_text())}
 
 
+def in_process(shards: Path, out: Path, machines: int, batch: int, args: argparse.Namespace) -> dict:
+    """The same rounds through the tests' in-process grid: the server's and the machines' code, Flower's records,
+    no processes."""
+    import dataclasses
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "training" / "federated"))
+    from test_server import LocalGrid
+
+    from hitoban.training.federated.inner import Machine
+    from hitoban.training.federated.options import ServeOptions
+    from hitoban.training.federated.server import OPTIONS_FILE, Server
+
+    shutil.rmtree(out, ignore_errors=True)
+    (out / "run").mkdir(parents=True)
+    options = ServeOptions(data=str(shards), out=str(out / "run"), preset="tiny", context=256, cpu=True,
+                           seed=args.seed, batch_size=batch, tokens=args.tokens, inner_steps=args.inner_steps,
+                           probe_steps=args.inner_steps, min_machines=machines, eval_every=1000,
+                           outer_lr=args.outer_lr, outer_momentum=args.outer_momentum, insecure=True)
+    (out / "run" / OPTIONS_FILE).write_text(json.dumps(dataclasses.asdict(options)))
+    started = time.time()
+    grid = LocalGrid({10 + i: Machine(shards, out / f"machine-{i}", f"machine-{i}", cpu=True) for i in range(machines)})
+    summary = Server(out / "run", log=lambda *a: None).serve(grid)
+    return {"seconds": time.time() - started, **summary}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=2_457_600, help="every run's token budget (600 x 16 x 256)")
@@ -78,6 +106,8 @@ def main() -> None:
     parser.add_argument("--outer-lr", type=float, default=0.7, help="the server's outer lr (DiLoCo: 0.7)")
     parser.add_argument("--outer-momentum", type=float, default=0.9, help="its Nesterov momentum (0: plain averaging)")
     parser.add_argument("--seed", type=int, default=1234, help="every run's seed (the night's default: 1234)")
+    parser.add_argument("--in-process", action="store_true", help="the tests' in-process grid instead of Flower's "
+                        "processes (for sweeps)")
     parser.add_argument("--corpus", help="corpus folder (default: the larger corpus if present, else tests/corpus)")
     parser.add_argument("--out", default="bench-federated")
     args = parser.parse_args()
@@ -98,10 +128,11 @@ def main() -> None:
     for n in args.machines:
         batch = args.machine_batch or max(1, BATCH // n)
         label = (f"federated, {n} machine{'s' if n > 1 else ''} x batch {batch} (H={args.inner_steps}, outer lr "
-                 f"{args.outer_lr:g}, momentum {args.outer_momentum:g})")
+                 f"{args.outer_lr:g}, momentum {args.outer_momentum:g}{', in-process' if args.in_process else ''})")
         batches[label] = (n, batch)
-        summaries[label] = federated(shards, out / "runs" / f"fed-{n}", n, args.tokens, args.inner_steps, batch, shape,
-                                     outer)
+        summaries[label] = (in_process(shards, out / "runs" / f"fed-{n}", n, batch, args) if args.in_process else
+                            federated(shards, out / "runs" / f"fed-{n}", n, args.tokens, args.inner_steps, batch,
+                                      shape, outer))
         seconds[label] = summaries[label]["seconds"]
         models[label] = out / "runs" / f"fed-{n}" / "run" / "final"
     bpc = bits_per_char(models, domains, out)
@@ -137,7 +168,8 @@ def main() -> None:
     (out / "bench_federated.json").write_text(json.dumps({
         "tokens": args.tokens, "inner_steps": args.inner_steps, "seconds": seconds,
         "machine_batch": {label: batch for label, (_, batch) in batches.items()},
-        "outer_lr": args.outer_lr, "seed": args.seed, "outer_momentum": args.outer_momentum,
+        "outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum, "seed": args.seed,
+        "in_process": args.in_process,
         "bpc": {f"{k[0]} | {k[1]}": v for k, v in bpc.items()}, "summaries": summaries}, indent=1, default=str))
 
 
