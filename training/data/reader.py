@@ -5,7 +5,8 @@
 next-token targets), which may cross document boundaries. Nothing about the data position needs saving: any
 process given (seed, step) builds the same array, which is what makes exact resume and DDP consistent.
 Under DDP each rank takes its contiguous slice of the global batch, so the global batch equals the single-process one;
-a federated machine takes any range of the rows (`rows`), so the machines of a round train the single run's rows.
+a federated machine takes any range of the rows (`rows`, which `batch` is a slice of), so the machines of a round
+train the single run's rows.
 """
 
 from __future__ import annotations
@@ -56,21 +57,21 @@ class ShardReader:
         """int64 array (batch_size // world_size, ctx + 1): this rank's rows of global batch (seed, step)."""
         if batch_size % world_size:
             raise ValueError(f"global batch {batch_size} is not divisible by {world_size} processes")
-        shard_ids, offsets = self._draw(seed, step, batch_size, ctx)
         per_rank = batch_size // world_size
-        rows = range(rank * per_rank, (rank + 1) * per_rank)
-        return np.stack([self.arrays[shard_ids[r]][offsets[r] : offsets[r] + ctx + 1] for r in rows]).astype(np.int64)
+        first = step * batch_size + rank * per_rank
+        return self.rows(seed, np.arange(first, first + per_rank), batch_size, ctx)
 
     def rows(self, seed: int, positions: np.ndarray, global_batch: int, ctx: int) -> np.ndarray:
         """int64 rows (len(positions), ctx + 1) at budget positions of the night's batches: position p is row
-        p % global_batch of global batch (seed, p // global_batch). A federated task is a range of positions, so
-        machines train exactly the rows a single machine at that global batch would, cut wherever the task is."""
-        positions = np.asarray(positions, dtype=np.int64)
-        out = np.empty((len(positions), ctx + 1), dtype=np.int64)
-        for step in np.unique(positions // global_batch):
+        p % global_batch of global batch (seed, p // global_batch). A DDP rank's slice is one such range, and a
+        federated task another, cut wherever the task is: machines train exactly the rows a single machine at that
+        global batch would."""
+        steps, places = np.divmod(np.asarray(positions, dtype=np.int64), global_batch)
+        out = np.empty((len(steps), ctx + 1), dtype=np.int64)
+        for step in np.unique(steps):
             shard_ids, offsets = self._draw(seed, int(step), global_batch, ctx)
-            for i in np.flatnonzero(positions // global_batch == step):
-                r = int(positions[i] % global_batch)
+            for i in np.flatnonzero(steps == step):
+                r = places[i]
                 out[i] = self.arrays[shard_ids[r]][offsets[r] : offsets[r] + ctx + 1]
         return out
 

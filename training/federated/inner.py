@@ -124,12 +124,11 @@ class Machine:
         model, optimizer = accelerator.prepare(model, optimizer)
         place_step_counters(optimizer)
         start, end, batch = int(task["start"]), int(task["end"]), options.batch_size
-        positions = np.arange(start, end, dtype=np.int64)
         pause = float(os.environ.get(PAUSE_PER_STEP_ENV, 0))
         task_steps = math.ceil((end - start) / batch)
         losses, began = [], time.perf_counter()
         for k, first in enumerate(range(start, end, batch)):
-            rows = self.reader.rows(int(task["seed"]), positions[first - start : min(first + batch, end) - start],
+            rows = self.reader.rows(int(task["seed"]), np.arange(first, min(first + batch, end)),
                                     int(task["global-batch"]), context)
             lr_step = schedule_step(int(task["round-start"]), int(task["round-windows"]), k, task_steps,
                                     int(task["budget-windows"]), schedule.total_steps)

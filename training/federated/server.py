@@ -172,13 +172,18 @@ class Server:
                                    "join`, then start the server again with the same command (it resumes)")
             time.sleep(1.0)
 
-    def _downlink(self, node: int, current: dict, version: int) -> tuple[str, ArrayRecord, dict[str, int]]:
-        """(record name, record, scales): the fp16 outer update where the node holds the last round's weights, else
-        the weights in full (no scales)."""
-        if self.last_update is not None and self.last_update[0] == version and self.held.get(node) == version - 1:
-            _, update, scales = self.last_update
-            return UPDATE, ArrayRecord(update), scales
-        return WEIGHTS, ArrayRecord(current), {}
+    def _downlinks(self, nodes, current: dict, version: int) -> dict[int, tuple[str, ArrayRecord, dict[str, int]]]:
+        """Per node, (record name, record, scales): the fp16 outer update where the node holds the last round's
+        weights, else the weights in full (no scales). Each record is built once a round and sent to every node
+        that gets it."""
+        update = self.last_update if self.last_update is not None and self.last_update[0] == version else None
+        sends_update = {node: update is not None and self.held.get(node) == version - 1 for node in nodes}
+        records = {}
+        if any(sends_update.values()):
+            records[UPDATE] = (UPDATE, ArrayRecord(update[1]), update[2])
+        if not all(sends_update.values()):
+            records[WEIGHTS] = (WEIGHTS, ArrayRecord(current), {})
+        return {node: records[UPDATE if sends_update[node] else WEIGHTS] for node in nodes}
 
     def _round_the_step(self, before: dict, round_: int) -> None:
         """The global model becomes `before + decode(fp16 update)`: the weights every machine will rebuild."""
@@ -213,7 +218,7 @@ class Server:
             if task is not None:
                 tasks[node] = task
         round_windows = sum(task.windows for task in tasks.values())
-        payloads = {node: self._downlink(node, current, version) for node in tasks}
+        payloads = self._downlinks(list(tasks), current, version)
         down = {node: record.count_bytes() for node, (_, record, _) in payloads.items()}
         messages = [Message(RecordDict({payloads[node][0]: payloads[node][1],
                                         TASK: self._task_config(task, version, digest, payloads[node][2],

@@ -87,13 +87,16 @@ class Tampered(LocalGrid):
         if self.round + 1 == self.at:
             for message in messages:
                 if message.metadata.dst_node_id == 11 and "update" in message.content.array_records:
-                    record = message.content.array_records["update"]
+                    from flwr.app import Array, ArrayRecord
+
+                    # a copy for node 11 alone: the server sends one record to every node that gets the update
+                    record = ArrayRecord({k: Array(v.numpy().copy()) for k, v in
+                                          message.content.array_records["update"].items()})
                     name = next(iter(record))
                     array = record[name].numpy().copy()
                     array.flat[0] = np.float16(-1000.0) if array.flat[0] > 0 else np.float16(1000.0)
-                    from flwr.app import Array
-
                     record[name] = Array(array)
+                    message.content["update"] = record
         return super().send_and_receive(messages, timeout)
 
 

@@ -52,20 +52,34 @@ def test_slices_follow_measured_speed_and_an_unmeasured_machine_gets_the_probe()
     assert slice_windows({1: 1.0, 2: 1e-6}, 80, 4, 5)[2] == 4  # at least one step
 
 
+def night_batch(reader, seed: int, step: int, G: int, ctx: int) -> np.ndarray:
+    """The night's batch (seed, step) written out from its definition (training/data/reader.py): with
+    default_rng([seed, step]), a shard per row in proportion to its tokens (among shards that hold a window), then a
+    random offset in it; a row is ctx + 1 tokens from there."""
+    usable = reader.tokens - ctx - 1
+    weights = np.where(usable >= 0, reader.tokens, 0).astype(np.float64)
+    rng = np.random.default_rng([seed, step])
+    shards = rng.choice(len(reader.arrays), size=G, p=weights / weights.sum())
+    offsets = rng.integers(0, usable[shards] + 1)
+    return np.stack([np.asarray(reader.arrays[s][o : o + ctx + 1], dtype=np.int64) for s, o in zip(shards, offsets)])
+
+
 def test_task_rows_are_the_single_runs_batches_cut_anywhere(tiny_shards):
-    """Position p is row p % G of the night's batch (seed, p // G): two machines of batch G/2 take the night's DDP
-    rank slices, one machine of batch G the night's batches whole, and a range cut mid-step (a re-issued or last
-    task) the same rows as the whole; another seed draws other rows (the control)."""
+    """Position p is row p % G of the night's batch (seed, p // G): one machine of batch G takes the night's batches
+    whole, two machines of batch G/2 the night's DDP rank slices, and a range cut mid-step (a re-issued or last task)
+    the same rows as the whole; another seed draws other rows (the control)."""
     from hitoban.training.data.reader import ShardReader
 
     reader, ctx, G, seed = ShardReader(tiny_shards, "train"), 32, 8, 11
+    night = np.concatenate([night_batch(reader, seed, step, G, ctx) for step in range(3)])
     for step in range(3):
-        whole = reader.batch(seed, step, G, ctx)
+        whole = night[step * G : (step + 1) * G]
         assert (reader.rows(seed, np.arange(step * G, (step + 1) * G), G, ctx) == whole).all()
+        assert (reader.batch(seed, step, G, ctx) == whole).all()
         for rank in range(2):
             half = np.arange(step * G + rank * G // 2, step * G + (rank + 1) * G // 2)
             assert (reader.rows(seed, half, G, ctx) == reader.batch(seed, step, G, ctx, rank, 2)).all()
-    night = np.concatenate([reader.batch(seed, step, G, ctx) for step in range(3)])
+            assert (reader.rows(seed, half, G, ctx) == night[half]).all()
     assert (reader.rows(seed, np.arange(5, 19), G, ctx) == night[5:19]).all()
     assert not (reader.rows(seed + 1, np.arange(0, 8), G, ctx) == night[:8]).all()
     with pytest.raises(Exception, match="shorter than one window"):
