@@ -65,7 +65,16 @@ def launch_hitoban(args: list[str], processes: int, cwd, timeout: int = 600,
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
                    "--master_port", port, "-m", "hitoban.cli", *args]
-    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+    # its own process group: on a timeout every rank is killed with torchrun, not left running after the test
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 TRANSFORMERS_MARKERS = ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test",
                         "torch_compile_test", "torch_export_test", "is_agent_test", "is_expert_parallel_test",
