@@ -9,9 +9,12 @@ artefact's weights are the carded model's or a recorded ancestor's.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 LINEAGE_FILE = "lineage.json"
@@ -21,15 +24,34 @@ LLAMA_EXPORT_STAGE = "export-llama"  # the lineage stage of `hitoban export-llam
 TEST_DATA_MARKER = "HITOBAN_TEST_DATA"
 
 
+@contextlib.contextmanager
+def replacing(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary path beside `path`, renamed onto it when the block ends, removed if it fails: `path` is whole or
+    untouched. The temporary name is unique to this call, so two writers of one file (DDP ranks, threads) never
+    write into or rename each other's half-written file; the last rename wins, whole."""
+    path = Path(path)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make every replaced file private
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_json(path: str | os.PathLike, data: dict) -> Path:
-    """Write an artefact's JSON whole or not at all (a temp file, then a rename): UTF-8, indented. Every report a
-    command writes says what it is (`kind`) and its format's version (`schema`); this refuses one that does not."""
+    """Write an artefact's JSON whole or not at all (`replacing`): UTF-8, indented. Every report a command writes
+    says what it is (`kind`) and its format's version (`schema`); this refuses one that does not."""
     path = Path(path)
     if "kind" in data and "schema" not in data:
         raise ValueError(f"{path.name}: a '{data['kind']}' report without a schema version")
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")
     return path
 
 

@@ -22,7 +22,7 @@ def train_step(model, optimizer, accelerator, rows: np.ndarray, grad_accum: int,
     device = accelerator.device
     loss_sum = torch.zeros((), device=device)
     for m in range(grad_accum):
-        x = torch.from_numpy(rows[m * micro : (m + 1) * micro]).to(device, non_blocking=True)
+        x = to_device(rows[m * micro : (m + 1) * micro], device)
         sync = accelerator.no_sync(model) if m < grad_accum - 1 else nullcontext()
         with sync, accelerator.autocast():
             loss = model(input_ids=x, labels=x).loss / grad_accum
@@ -32,6 +32,34 @@ def train_step(model, optimizer, accelerator, rows: np.ndarray, grad_accum: int,
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss_sum, torch.as_tensor(grad_norm, device=device)
+
+
+def copies_without_waiting(device: torch.device) -> bool:
+    """Whether a host-to-device copy of a batch may be queued without waiting for it (`non_blocking`). Only CUDA:
+    from pageable memory (a numpy buffer) CUDA stages the bytes before the call returns, so the caller may free the
+    buffer at once. MPS reads the host buffer when the queued copy runs, after the caller may have freed it
+    (pytorch issue 189690: a batch read from freed storage); a CPU has nothing to wait for."""
+    return device.type == "cuda"
+
+
+def to_device(rows: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A batch on the device, from host memory the caller may free as soon as this returns."""
+    return torch.from_numpy(rows).to(device, non_blocking=copies_without_waiting(device))
+
+
+def make_accelerator(cpu: bool, precision: str):
+    """The run's `Accelerator` in `precision` ("no", "bf16", "fp16"). fp16 always comes with a gradient scaler,
+    whose state a checkpoint keeps: Accelerate makes one on GPUs. Accelerate makes none on a CPU (no autocast
+    either), where `check_precision` refuses fp16 and `auto` never picks it; a CPU reaches this only as the tests'
+    stand-in for a T4 (fp16 autocast with torch's CPU GradScaler), so the scaler's save, resume and skipped steps
+    run on a CPU too."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=cpu, mixed_precision=precision)
+    if precision == "fp16" and accelerator.scaler is None and accelerator.device.type == "cpu":
+        accelerator.scaler = torch.amp.GradScaler("cpu")
+        accelerator.native_amp = True  # Accelerate's autocast(): fp16 autocast on the CPU
+    return accelerator
 
 
 def reset_accelerate_state(cpu: bool | None = None) -> None:

@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hitoban.errors import InputError
+from hitoban.provenance import replacing
 from hitoban.training.data.reader import ShardReader
 from hitoban.training.data.shards import load_index, sha256_file
 from hitoban.training.federated.tasks import schedule_step
@@ -90,8 +91,6 @@ class Machine:
 
     def train(self, weights: dict[str, torch.Tensor], task: dict) -> TaskResult:
         """Train windows [start, end) of the run's order from `weights`; return the delta and what it cost."""
-        from accelerate import Accelerator
-
         from hitoban.modeling import HitobanForCausalLM
         from hitoban.modeling.loading import device_for
         from hitoban.training.hardware import check_precision, device_facts, plan_device
@@ -100,7 +99,7 @@ class Machine:
         from hitoban.training.pretrain.resume import place_step_counters
         from hitoban.training.pretrain.trainer import step_seed
         from hitoban.training.schedule import Schedule
-        from hitoban.training.step import reset_accelerate_state, train_step
+        from hitoban.training.step import make_accelerator, reset_accelerate_state, train_step
 
         check_shards(self.digests, json.loads(task["shards"]))
         options = TrainingOptions(data=str(self.data), **json.loads(task["options"]))
@@ -109,7 +108,7 @@ class Machine:
         precision = plan.precision if self.precision_option == "auto" else self.precision_option
         check_precision(facts, precision)
         reset_accelerate_state(cpu=self.cpu)
-        accelerator = Accelerator(cpu=self.cpu, mixed_precision=precision)
+        accelerator = make_accelerator(self.cpu, precision)
         config, context = shaped_config(options.preset, self.reader.vocab_size, options.context,
                                         dropout=options.dropout)
         model = HitobanForCausalLM(config)
@@ -120,7 +119,7 @@ class Machine:
                             options.min_lr_ratio, options.decay_frac)
         optimizer = build_optimizer(model, options.optimizer, schedule.lr(0), options.weight_decay,
                                     options.adam_bias_correction, plan.muon_dtype)
-        self._load_inner_state(model, optimizer, task["run-id"])
+        self._load_inner_state(model, optimizer, task["run-id"], accelerator.scaler)
         model, optimizer = accelerator.prepare(model, optimizer)
         place_step_counters(optimizer)
         start, end, batch = int(task["start"]), int(task["end"]), options.batch_size
@@ -142,7 +141,7 @@ class Machine:
         mean_loss = float(torch.stack(losses).mean()) if losses else float("nan")  # one host sync, at the end
         seconds = time.perf_counter() - began
         local = accelerator.unwrap_model(model)
-        self._save_inner_state(local, getattr(optimizer, "optimizer", optimizer), task["run-id"])
+        self._save_inner_state(local, getattr(optimizer, "optimizer", optimizer), task["run-id"], accelerator.scaler)
         trained = dict(local.state_dict())
         delta = {name: (w.float() - trained[name].detach().float().cpu()).to(torch.float16)
                  for name, w in weights.items()}
@@ -170,31 +169,31 @@ class Machine:
     def hold(self, weights: dict[str, torch.Tensor], run_id: str, version: int) -> None:
         """Keep the weights a task started from: the next round's fp16 update is applied to them. Atomic."""
         self.state.mkdir(parents=True, exist_ok=True)
-        tmp = self._global_path().with_suffix(".tmp")
-        save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp),
-                  metadata={"run-id": run_id, "version": str(version)})
-        os.replace(tmp, self._global_path())
+        with replacing(self._global_path()) as tmp:
+            save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp),
+                      metadata={"run-id": run_id, "version": str(version)})
 
     # ---------------------------------------------------------------- the inner optimizer state, kept on the machine
     def _inner_path(self) -> Path:
         return self.state / "inner-optimizer.safetensors"
 
-    def _load_inner_state(self, model, optimizer, run_id: str) -> None:
+    def _load_inner_state(self, model, optimizer, run_id: str, scaler=None) -> None:
+        """The machine's inner optimizer state and, under fp16, its gradient scaler: a scale found over earlier
+        tasks carries on instead of restarting at 65,536 (and skipping its overflow steps again) every task."""
         from hitoban.training.pretrain.checkpoint import load_optimizer_tensors
 
         path = self._inner_path()
         if path.exists() and (self.state / "inner-run-id").read_text().strip() == run_id:
-            load_optimizer_tensors(model, optimizer, load_file(str(path)))
+            load_optimizer_tensors(model, optimizer, load_file(str(path)), scaler)
 
-    def _save_inner_state(self, model, optimizer, run_id: str) -> None:
+    def _save_inner_state(self, model, optimizer, run_id: str, scaler=None) -> None:
         """Atomic: a kill mid-save keeps the previous state, never half of one."""
         from hitoban.training.pretrain.checkpoint import optimizer_tensors
 
         self.state.mkdir(parents=True, exist_ok=True)
-        tmp = self._inner_path().with_suffix(".tmp")
-        save_file({k: v.detach().cpu().contiguous() for k, v in optimizer_tensors(model, optimizer).items()},
-                  str(tmp))
-        os.replace(tmp, self._inner_path())
+        with replacing(self._inner_path()) as tmp:
+            save_file({k: v.detach().cpu().contiguous() for k, v in optimizer_tensors(model, optimizer,
+                                                                                        scaler).items()}, str(tmp))
         (self.state / "inner-run-id").write_text(run_id + "\n")
 
 

@@ -24,15 +24,15 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from hitoban.errors import UsageError
+from hitoban.provenance import replacing
 
 
 def _write(path: Path, data: bytes, private: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    if private:
-        os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        if private:
+            os.chmod(tmp, 0o600)  # before the key is in it
+        tmp.write_bytes(data)
 
 
 def _pem_key(key) -> bytes:

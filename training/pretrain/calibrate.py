@@ -30,7 +30,7 @@ from hitoban.training.hardware import (
 from hitoban.training.options import argv_for
 from hitoban.training.pretrain.optim import build_optimizer
 from hitoban.training.pretrain.options import CalibrateOptions, PretrainConfig, shaped_config
-from hitoban.training.step import reset_accelerate_state, train_step
+from hitoban.training.step import make_accelerator, reset_accelerate_state, train_step
 
 HOURS_USABLE = 0.9  # of a night: the rest is kept for evaluations, saves and the start
 
@@ -137,8 +137,6 @@ def _spread(times: list[float]) -> float:
 def calibrate(options: CalibrateOptions, log=print) -> dict:
     """Measure each "PRESET:BATCH" candidate with the real training step and pick the night's run; with
     `options.out`, also write the result there as JSON."""
-    from accelerate import Accelerator
-
     from hitoban.training.data.reader import ShardReader
 
     o = options
@@ -148,7 +146,7 @@ def calibrate(options: CalibrateOptions, log=print) -> dict:
     precision = plan.precision if o.precision == "auto" else o.precision
     check_precision(facts, precision)
     reset_accelerate_state(cpu=o.cpu)
-    accelerator = Accelerator(cpu=o.cpu, mixed_precision=precision)
+    accelerator = make_accelerator(o.cpu, precision)
     data = ShardReader(o.data) if o.data else None
     vocab_size = data.vocab_size if data is not None else o.vocab_size
     usable = o.hours * 3600 * HOURS_USABLE

@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from hitoban.errors import HitobanError
 from hitoban.modeling.loading import TOKENIZER_FILES
-from hitoban.provenance import write_lineage
+from hitoban.provenance import replacing, write_lineage
 
 SLOTS = ("ckpt-A", "ckpt-B")
 # Test hooks for the kill test: pause inside a save (after the weights, before COMPLETE) so a SIGKILL lands
@@ -56,6 +56,7 @@ class TrainState:
     best_val: float | None = None
     elapsed_sec: float = 0.0  # training time over all sessions
     resumes: int = 0
+    skipped_steps: int = 0  # fp16: updates the gradient scaler skipped (counted in `step`, not applied)
     extra: dict = field(default_factory=dict)  # a loop's own state beyond steps (the federated server's task queue)
     schema: int = TRAIN_STATE_SCHEMA
 
@@ -108,34 +109,51 @@ def current_slot(run: Path) -> Path | None:
 STATE_NAMES = {"exp_avg": "m", "exp_avg_sq": "v", "momentum_buffer": "momentum"}  # AdamW's m, v; Muon's momentum
 
 
-def optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+SCALER_PREFIX = "scaler."  # fp16's GradScaler: scale, growth tracker and its settings (GradScaler.state_dict)
+
+
+def optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler=None
+                      ) -> dict[str, torch.Tensor]:
     """Flatten optimizer state into `<param name>.m` / `.v` (AdamW) or `.momentum` (Muon) plus `step` and `lr`
-    (3LM's optimizer.safetensors, extended)."""
+    (3LM's optimizer.safetensors, extended); `stateful`, how many parameters had state (0 for an optimizer that
+    keeps none, such as SGD without momentum); and under fp16 the gradient scaler's state (`scaler.*`), without
+    which a resumed run would start again at a scale of 65,536 and skip the overflow steps the uninterrupted run
+    had already left behind."""
     names = {id(p): n for n, p in model.named_parameters()}
     tensors: dict[str, torch.Tensor] = {}
-    step = 0
+    step = stateful = 0
     for group in optimizer.param_groups:
         tensors["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float64)
         for p in group["params"]:
             state = optimizer.state.get(p)
             if not state:
                 continue
+            stateful += 1
             for key, short in STATE_NAMES.items():
                 if key in state:
                     tensors[f"{names[id(p)]}.{short}"] = state[key].detach().contiguous()
             if "step" in state:
                 step = int(state["step"])
     tensors["step"] = torch.tensor(step, dtype=torch.int64)
+    tensors["stateful"] = torch.tensor(stateful, dtype=torch.int64)
+    if scaler is not None and scaler.is_enabled():
+        for key, value in scaler.state_dict().items():
+            tensors[SCALER_PREFIX + key] = torch.tensor(value, dtype=torch.float64)  # exact for these ints and floats
     return tensors
 
 
-def load_optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tensors: dict) -> int:
-    """Restore every moment and the step bit for bit; returns the step. Missing entries are an error, not a silent
-    reset."""
+def load_optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tensors: dict,
+                           scaler=None) -> int:
+    """Restore every moment, the step and (fp16) the gradient scaler bit for bit; returns the step. Missing entries
+    are an error, not a silent reset: only an optimizer that kept no state at all (`stateful` 0) has none."""
     step = int(tensors["step"])
+    stateless = "stateful" in tensors and int(tensors["stateful"]) == 0
     for name, p in model.named_parameters():
         saved = {key: tensors[f"{name}.{short}"] for key, short in STATE_NAMES.items() if f"{name}.{short}" in tensors}
         if not saved:
+            if stateless:
+                optimizer.state.pop(p, None)
+                continue
             raise CheckpointError(f"optimizer state has no moments for {name}")
         state = {key: value.clone() for key, value in saved.items()}
         if "exp_avg" in state:
@@ -143,35 +161,45 @@ def load_optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimi
         optimizer.state[p] = state
     for group in optimizer.param_groups:
         group["lr"] = float(tensors["lr"])
+    if scaler is not None and scaler.is_enabled():
+        saved = {k[len(SCALER_PREFIX):]: v for k, v in tensors.items() if k.startswith(SCALER_PREFIX)}
+        if not saved:
+            raise CheckpointError("this fp16 run's checkpoint has no gradient scaler state (written by an older "
+                                  "hitoban): resuming would restart the scale; start over with --resume never")
+        scaler.load_state_dict({k: int(v) if k in ("growth_interval", "_growth_tracker") else float(v)
+                                for k, v in saved.items()})
     return step
 
 
-def state_digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, str]:
-    """sha256 of every weight and every optimizer tensor (m, v, step, lr), as bytes: equal digests = equal state."""
+def state_digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler=None) -> dict[str, str]:
+    """sha256 of every weight and every optimizer tensor (m, v, step, lr, the fp16 scaler's state), as bytes: equal
+    digests = equal state."""
     def digest(t: torch.Tensor) -> str:
         raw = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
         return f"{t.dtype}{tuple(t.shape)}:" + hashlib.sha256(raw).hexdigest()
 
     tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
-    tensors.update({f"optimizer.{k}": v for k, v in optimizer_tensors(model, optimizer).items()})
+    tensors.update({f"optimizer.{k}": v for k, v in optimizer_tensors(model, optimizer, scaler).items()})
     return {name: digest(t) for name, t in sorted(tensors.items())}
 
 
-def save_checkpoint(run: Path, model, optimizer, train_state: TrainState, tokenizer_dir: Path | None) -> Path:
-    """Write the slot CURRENT does not name, then point CURRENT at it. Returns the slot path."""
+def save_checkpoint(run: Path, model, optimizer, train_state: TrainState, tokenizer_dir: Path | None,
+                    scaler=None) -> Path:
+    """Write the slot CURRENT does not name, then point CURRENT at it (`scaler`: fp16's GradScaler, whose state
+    goes with the optimizer's). Returns the slot path."""
     run = Path(run)
     named = current_slot(run)
     target = run / (SLOTS[1] if named is not None and named.name == SLOTS[0] else SLOTS[0])
     if os.environ.get(STATE_DIGEST_ENV):  # the kill test's check [A]: the state as it was in memory
         _write_text(Path(os.environ[STATE_DIGEST_ENV]) / f"step-{train_state.step}.json",
-                    json.dumps(state_digest(model, optimizer)))
+                    json.dumps(state_digest(model, optimizer, scaler)))
     try:
         if target.exists():
             shutil.rmtree(target)
         target.mkdir(parents=True)
         model.save_pretrained(target, safe_serialization=True)
         _fsync_file(target / "model.safetensors")
-        save_file(optimizer_tensors(model, optimizer), str(target / "optimizer.safetensors"))
+        save_file(optimizer_tensors(model, optimizer, scaler), str(target / "optimizer.safetensors"))
         _fsync_file(target / "optimizer.safetensors")
         if tokenizer_dir is not None:
             for name in TOKENIZER_FILES:
@@ -183,8 +211,8 @@ def save_checkpoint(run: Path, model, optimizer, train_state: TrainState, tokeni
             time.sleep(float(os.environ[PAUSE_IN_SAVE_ENV]))
         _write_text(target / "COMPLETE", f"{time.time():.0f}\nstep={train_state.step}\n")
         _fsync_dir(target)
-        _write_text(run / "CURRENT.tmp", target.name + "\n")
-        os.replace(run / "CURRENT.tmp", run / "CURRENT")
+        with replacing(run / "CURRENT") as tmp:
+            _write_text(tmp, target.name + "\n")
         _fsync_dir(run)
     except (OSError, SafetensorError) as err:
         shutil.rmtree(target, ignore_errors=True)  # never leave a half-written slot behind
@@ -204,7 +232,7 @@ def save_checkpoint(run: Path, model, optimizer, train_state: TrainState, tokeni
     return target
 
 
-def load_checkpoint(slot: Path, model, optimizer) -> tuple[TrainState, bool]:
+def load_checkpoint(slot: Path, model, optimizer, scaler=None) -> tuple[TrainState, bool]:
     """Load weights (and optimizer state if present) into already-built objects; returns the train state and
     whether the optimizer state was there to restore."""
     state_dict = load_file(str(slot / "model.safetensors"))
@@ -214,7 +242,7 @@ def load_checkpoint(slot: Path, model, optimizer) -> tuple[TrainState, bool]:
     train_state = TrainState.read(slot)
     restored = (slot / "optimizer.safetensors").exists()
     if restored:
-        load_optimizer_tensors(model, optimizer, load_file(str(slot / "optimizer.safetensors")))
+        load_optimizer_tensors(model, optimizer, load_file(str(slot / "optimizer.safetensors")), scaler)
     return train_state, restored
 
 
@@ -224,7 +252,7 @@ def other_slot(run: Path, slot: Path) -> Path | None:
     return other if (other / "COMPLETE").exists() and (other / "model.safetensors").exists() else None
 
 
-def load_latest(run: Path, model, optimizer, check=lambda state: {}, log=print
+def load_latest(run: Path, model, optimizer, check=lambda state: {}, log=print, scaler=None
                 ) -> tuple[Path, TrainState, bool, dict]:
     """Load the newest complete slot, after `check(its train state)` (which refuses a changed trajectory and
     returns the allowed changes); if the slot's files are damaged (a truncated file, a fault after COMPLETE), the
@@ -233,7 +261,7 @@ def load_latest(run: Path, model, optimizer, check=lambda state: {}, log=print
 
     def load(slot: Path) -> tuple[Path, TrainState, bool, dict]:
         changes = check(TrainState.read(slot))
-        state, restored = load_checkpoint(slot, model, optimizer)
+        state, restored = load_checkpoint(slot, model, optimizer, scaler)
         return slot, state, restored, changes
 
     damaged = (SafetensorError, OSError, ValueError)  # ValueError: a train_state.json cut short

@@ -52,14 +52,18 @@ def batch_hash(data: str | os.PathLike) -> str:
 
 def restore_check(slot: Path, digest_file: Path) -> dict:
     """Check [A]: load `slot` into freshly built objects and compare their digest with the in-memory one."""
+    from safetensors import safe_open
+
     from hitoban.modeling import HitobanConfig, HitobanForCausalLM
-    from hitoban.training.pretrain.checkpoint import load_checkpoint, state_digest
+    from hitoban.training.pretrain.checkpoint import SCALER_PREFIX, load_checkpoint, state_digest
     from hitoban.training.pretrain.optim import AdamW
 
     model = HitobanForCausalLM(HitobanConfig.from_pretrained(slot))
     optimizer = AdamW(model.parameters())
-    state, _ = load_checkpoint(slot, model, optimizer)
-    before, after = json.loads(Path(digest_file).read_text()), state_digest(model, optimizer)
+    with safe_open(str(slot / "optimizer.safetensors"), "pt") as f:  # an fp16 run's slot holds its scaler too
+        scaler = torch.amp.GradScaler("cpu") if any(k.startswith(SCALER_PREFIX) for k in f.keys()) else None
+    state, _ = load_checkpoint(slot, model, optimizer, scaler)
+    before, after = json.loads(Path(digest_file).read_text()), state_digest(model, optimizer, scaler)
     bad = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
     return {"exact": not bad, "mismatches": bad[:10], "tensors": len(before), "step": state.step,
             "lr": optimizer.param_groups[0]["lr"]}

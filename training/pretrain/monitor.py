@@ -26,7 +26,11 @@ class TrainingDiverged(HitobanError, RuntimeError):
     exit_code = ExitCode.DIVERGED
 
 
-def step_outcome(loss: float, grad_norm: float, fp16: bool, skipped_in_a_row: int, max_skips: int = 20) -> str:
+MAX_SKIPS_IN_A_ROW = 20  # fp16: more overflow skips in a row than this is divergence, not a scale being found
+
+
+def step_outcome(loss: float, grad_norm: float, fp16: bool, skipped_in_a_row: int,
+                 max_skips: int = MAX_SKIPS_IN_A_ROW) -> str:
     """'ok', 'skipped' (fp16: the gradient scaler overflowed and skips this update, as it is meant to) or
     'diverged' (a non-finite loss, a non-finite gradient without fp16, or too many skips in a row)."""
     if not math.isfinite(loss):
@@ -61,7 +65,9 @@ class Monitor:
     last_loss: float | None = None
     tok_per_sec: float = 0.0
     mfus: list[float] = field(default_factory=list)
-    skipped_in_a_row: int = 0
+    skipped_steps: int = 0  # fp16: updates the gradient scaler skipped, over every session (read once per window)
+    in_a_row: torch.Tensor | None = None  # fp16: overflow skips in a row up to the last step, on the device
+    overflows: list = field(default_factory=list)  # fp16: (step, overflowed?) since the last read, on the device
     window_start: float = field(default_factory=time.time)
     last_heartbeat: float = 0.0
     trackers: object | None = None  # training.trackers.RunTrackers: --report-to gets every record log.jsonl gets
@@ -83,15 +89,14 @@ class Monitor:
         return tok_per_sec * self.token_flops / self.peak_flops
 
     def on_step(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        """Record a finished step without reading the device. Under fp16 the gradient scaler has read it already
-        (a skipped update is normal there), so its verdict is taken per step."""
+        """Record a finished step without reading the device, under fp16 too: there a non-finite gradient with a
+        finite loss is an overflow the gradient scaler skipped (`step_outcome`, computed on the device), counted
+        and logged when the window is read; more than MAX_SKIPS_IN_A_ROW in a row is divergence."""
         if self.fp16:
-            outcome = step_outcome(float(loss), float(grad_norm), True, self.skipped_in_a_row)
-            self.skipped_in_a_row = self.skipped_in_a_row + 1 if outcome == "skipped" else 0
-            if outcome == "skipped":
-                self.log({"type": "skip", "step": step, "reason": "fp16 gradient overflow (the scaler lowers its "
-                                                                  "scale)"})
-            finite = torch.tensor(outcome != "diverged", device=loss.device)
+            overflow = torch.isfinite(loss) & ~torch.isfinite(grad_norm)
+            self.in_a_row = (overflow.long() if self.in_a_row is None else (self.in_a_row + 1) * overflow)
+            self.overflows.append((step, overflow))
+            finite = torch.isfinite(loss) & (self.in_a_row <= MAX_SKIPS_IN_A_ROW)
         else:
             finite = torch.isfinite(loss) & torch.isfinite(grad_norm)
         self.bad = ~finite if self.bad is None else self.bad | ~finite
@@ -111,6 +116,7 @@ class Monitor:
             bad = accelerator.reduce(mine, "sum") > 0
         if bad is None or not bool(bad):
             self.first_unread_step = step + 1
+            self._read_overflows()
             return
         kept = (f"the last good checkpoint (step {last_saved_step}) is untouched and the run resumes from it"
                 if last_saved_step >= 0 else "no checkpoint had been written yet")
@@ -119,6 +125,19 @@ class Monitor:
                                f"and {step} (mean loss {loss}, last grad norm {float(self.last_grad_norm)}); "
                                f"those updates were discarded: {kept}. Lower --lr (resume with --allow-change lr) "
                                "or check the data")
+
+    def _read_overflows(self) -> None:
+        """fp16: the window's skipped updates, read in one transfer, logged and counted."""
+        if not self.overflows:
+            return
+        steps = [s for s, _ in self.overflows]
+        flags = torch.stack([flag for _, flag in self.overflows]).tolist()
+        self.overflows = []
+        for step, skipped in zip(steps, flags):
+            if skipped:
+                self.skipped_steps += 1
+                self.log({"type": "skip", "step": step, "reason": "fp16 gradient overflow (the scaler skipped this "
+                                                                  "update and lowered its scale)"})
 
     def log_window(self, step: int, lr: float, elapsed: float, accelerator, last_saved_step: int) -> None:
         """A train record: mean loss over the window (all processes), tok/s and MFU over its wall time."""
@@ -148,7 +167,8 @@ class Monitor:
             "mfu": round(self.mfu(tok_s), 4), "elapsed_hours": round(elapsed / 3600, 3),
             "eta_hours": round(remaining / tok_s / 3600, 2) if tok_s else None,
             "peak_gb": torch.cuda.max_memory_allocated() / 2**30 if self.device.type == "cuda" else None,
-            "resumes": state.resumes, "finished": finished, "stop_reason": stop_reason})
+            "skipped_steps": self.skipped_steps, "resumes": state.resumes, "finished": finished,
+            "stop_reason": stop_reason})
         self.last_heartbeat = time.time()
 
     def close(self) -> None:

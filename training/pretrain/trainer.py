@@ -67,7 +67,7 @@ from hitoban.training.pretrain.resume import (
     trajectory_fingerprint,
 )
 from hitoban.training.schedule import Schedule
-from hitoban.training.step import reset_accelerate_state, train_step
+from hitoban.training.step import make_accelerator, reset_accelerate_state, train_step
 from hitoban.training.trackers import RunTrackers, check_available, parse_report_to
 
 
@@ -122,8 +122,6 @@ class Trainer:
     then `train()`."""
 
     def __init__(self, cfg: PretrainConfig):
-        from accelerate import Accelerator
-
         self.cfg, self.started = cfg, time.time()  # --hours counts from here
         self.folder, data = Path(cfg.out), Path(cfg.data)
         self.report_to = parse_report_to(cfg.report_to)
@@ -136,7 +134,7 @@ class Trainer:
         plan = plan_device(facts)
         self.precision = precision = plan.precision if cfg.precision == "auto" else cfg.precision
         check_precision(facts, precision)
-        self.accelerator = accelerator = Accelerator(cpu=cfg.cpu, mixed_precision=precision)
+        self.accelerator = accelerator = make_accelerator(cfg.cpu, precision)
         world, device = accelerator.num_processes, accelerator.device
         self.main, self.rank, self.world = accelerator.is_main_process, accelerator.process_index, world
         _check_options(cfg, world)
@@ -236,7 +234,8 @@ class Trainer:
         if slot is not None:
             allowed = allowed_changes(cfg.allow_change)
             slot, saved, restored, changes = load_latest(
-                folder, model, optimizer, check=lambda state: check_resumable(state, fingerprint, allowed))
+                folder, model, optimizer, check=lambda state: check_resumable(state, fingerprint, allowed),
+                scaler=self.accelerator.scaler)
             if not restored:
                 print(f"warning: {slot.name} has no optimizer state; moments restart from zero", flush=True)
             self.state = dataclasses.replace(saved, fingerprint=fingerprint, args=self.state.args,
@@ -258,7 +257,7 @@ class Trainer:
         self.monitor = Monitor(self.folder, self.total_steps, self.tokens_per_step,
                                flops_per_token(self.config, self.context), peak * self.world,
                                self.accelerator.device, self.precision == "fp16", main=self.main,
-                               progress=cfg.progress, start_step=state.step)
+                               progress=cfg.progress, start_step=state.step, skipped_steps=state.skipped_steps)
         if self.main and self.report_to:
             self.monitor.trackers = RunTrackers(self.report_to, self.folder, self.folder.name, state.run_id,
                                                 state.step if self.resumed_from is not None else None)
@@ -326,12 +325,14 @@ class Trainer:
     def save(self) -> Path | None:
         """A crash-safe checkpoint of the state after the last step (a collective: every rank calls it)."""
         self.monitor.check_finite(self.state.step, self.policy.last_saved_step, self.accelerator)  # never past a NaN
+        self.state.skipped_steps = self.monitor.skipped_steps
         self.accelerator.wait_for_everyone()
         slot = None
         if self.main:
             optimizer = getattr(self.optimizer, "optimizer", self.optimizer)
             slot = save_checkpoint(self.folder, self.unwrapped, optimizer,
-                                   dataclasses.replace(self.state, elapsed_sec=self.elapsed()), self.tokenizer_dir)
+                                   dataclasses.replace(self.state, elapsed_sec=self.elapsed()), self.tokenizer_dir,
+                                   self.accelerator.scaler)
         self.accelerator.wait_for_everyone()
         self.policy.saved(self.state.step)
         if self.main and drop_set_aside(self.folder):
@@ -405,6 +406,7 @@ class Trainer:
     def _summarise(self, stop_reason: str, started: float) -> dict:
         state, monitor = self.state, self.monitor
         summary = {"steps": state.step, "total_steps": self.total_steps, "tokens_seen": state.tokens_seen,
+                   "skipped_steps": state.skipped_steps, "updates_applied": state.step - state.skipped_steps,
                    "best_val": state.best_val, "resumes": state.resumes, "stop_reason": stop_reason,
                    "elapsed_hours": round(self.elapsed() / 3600, 4),
                    "session_seconds": round(time.time() - started, 1),
@@ -416,7 +418,9 @@ class Trainer:
                 "kind": "pretrain-summary", "schema": 1, "run_id": state.run_id, **summary,
                 "final_weights_sha256": (final_lineage or {}).get("weights_sha256"),
                 "final_step": (final_lineage or {}).get("step")})
-            print(f"pretrain stopped ({stop_reason}) at step {state.step:,}/{self.total_steps:,}, best val "
+            skipped = (f" ({state.skipped_steps:,} fp16 overflow steps skipped by the gradient scaler: "
+                       f"{state.step - state.skipped_steps:,} updates applied)" if state.skipped_steps else "")
+            print(f"pretrain stopped ({stop_reason}) at step {state.step:,}/{self.total_steps:,}{skipped}, best val "
                   f"{state.best_val}, resumes {state.resumes}"
                   + ("" if state.step == self.total_steps else "; resume with the same command (--resume auto)"),
                   flush=True)

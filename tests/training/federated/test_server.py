@@ -163,3 +163,17 @@ def test_the_server_resume_refuses_a_changed_trajectory(tiny_shards, tmp_path):
     with pytest.raises(ResumeMismatch, match="outer_lr 0.7 -> 0.5"):
         start(tiny_shards, run, outer_lr=0.5)
     assert np.isfinite(records(run, "round")[0]["train_loss"])
+
+
+@pytest.mark.slow
+def test_a_server_with_plain_averaging_resumes_bit_for_bit(tiny_shards, tmp_path):
+    """Issue 34: `--outer-momentum 0` (what the README recommends for short runs) could not resume: torch's SGD
+    without momentum keeps no state and the checkpoint was refused. Killed after round 2, it now ends on the
+    uninterrupted run's weights."""
+    fixed = dict(inner_steps=1, probe_steps=1, min_machines=2, outer_lr=1.0, outer_momentum=0.0)
+    whole = start(tiny_shards, tmp_path / "whole", **fixed).serve(LocalGrid(machines(tiny_shards, tmp_path / "w")))
+    run = tmp_path / "run"
+    with pytest.raises(Crash):
+        start(tiny_shards, run, **fixed).serve(LocalGrid(machines(tiny_shards, tmp_path / "m"), crash_at=3))
+    again = start(tiny_shards, run, **fixed).serve(LocalGrid(machines(tiny_shards, tmp_path / "m")))
+    assert again["resumes"] == 1 and again["final_weights_sha256"] == whole["final_weights_sha256"]

@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+import torch
 from conftest import night_config
 
 from hitoban.training.pretrain import checkpoint as checkpoint_module
@@ -137,3 +138,84 @@ def test_a_real_full_disk_keeps_the_last_checkpoint_and_says_so(tiny_shards, tmp
         assert json.loads((run / "ckpt-A" / "train_state.json").read_text())["step"] == 5
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def _tiny_model():
+    from hitoban.modeling import HitobanConfig, HitobanForCausalLM
+
+    torch.manual_seed(0)
+    return HitobanForCausalLM(HitobanConfig.from_preset("tiny", vocab_size=64))
+
+
+def _loss(model) -> torch.Tensor:
+    """A loss every parameter has a gradient of."""
+    return sum(p.sum() for p in model.parameters())
+
+
+def test_the_fp16_gradient_scalers_state_is_saved_and_restored(tmp_path):
+    """Issue 34: the GradScaler's state was not in the checkpoint, so every resume restarted the scale at 65,536 (and
+    its growth count at 0). After a few skipped overflow steps the scale is 2^13 and the count 3: a fresh scaler
+    loaded from the slot must have exactly those; one loaded without it (the control) does not."""
+    from hitoban.training.pretrain.checkpoint import TrainState, load_checkpoint, save_checkpoint
+    from hitoban.training.pretrain.optim import AdamW
+
+    model, scaler = _tiny_model(), torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    optimizer = AdamW(model.parameters())
+    for _ in range(3):  # three overflows: the scaler skips each update and halves its scale
+        scaler.scale(_loss(model) * float("inf")).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+    for _ in range(3):
+        scaler.scale(_loss(model)).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+    assert (scaler.get_scale(), scaler.state_dict()["_growth_tracker"]) == (2.0**13, 3)
+    slot = save_checkpoint(tmp_path / "run", model, optimizer, TrainState(run_id="r", seed=0, step=6), None, scaler)
+    fresh = torch.amp.GradScaler("cpu")
+    load_checkpoint(slot, _tiny_model(), AdamW(_tiny_model().parameters()), fresh)
+    assert fresh.state_dict() == scaler.state_dict()
+    assert torch.amp.GradScaler("cpu").state_dict() != scaler.state_dict()  # the control: what a resume had before
+
+
+def test_an_fp16_slot_without_scaler_state_is_refused_not_silently_reset(tmp_path):
+    from hitoban.training.pretrain.checkpoint import TrainState, load_checkpoint, save_checkpoint
+    from hitoban.training.pretrain.optim import AdamW
+
+    model = _tiny_model()
+    optimizer = AdamW(model.parameters())
+    _loss(model).backward()
+    optimizer.step()
+    slot = save_checkpoint(tmp_path / "run", model, optimizer, TrainState(run_id="r", seed=0, step=1), None)
+    with pytest.raises(CheckpointError, match="no gradient scaler state"):
+        load_checkpoint(slot, _tiny_model(), AdamW(_tiny_model().parameters()), torch.amp.GradScaler("cpu"))
+
+
+def test_an_optimizer_that_keeps_no_state_resumes(tmp_path):
+    """Issue 34: `federate serve --outer-momentum 0` could not resume: torch's SGD without momentum keeps no
+    per-parameter state and the loader refused the checkpoint ('no moments'). An empty state is restored as empty;
+    one that had state and lost a parameter's is still refused (the control)."""
+    from safetensors.torch import load_file, save_file
+
+    from hitoban.training.pretrain.checkpoint import TrainState, load_checkpoint, save_checkpoint
+
+    model = _tiny_model()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.0)
+    _loss(model).backward()
+    sgd.step()
+    slot = save_checkpoint(tmp_path / "run", model, sgd, TrainState(run_id="r", seed=0, step=1), None)
+    again = _tiny_model()
+    fresh = torch.optim.SGD(again.parameters(), lr=0.1, momentum=0.0)
+    assert load_checkpoint(slot, again, fresh)[1] and not fresh.state and fresh.param_groups[0]["lr"] == 0.5
+    assert all(torch.equal(a, b) for a, b in zip(again.parameters(), model.parameters()))
+
+    moving = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    _loss(model).backward()
+    moving.step()
+    slot = save_checkpoint(tmp_path / "run", model, moving, TrainState(run_id="r", seed=0, step=2), None)
+    tensors = load_file(str(slot / "optimizer.safetensors"))
+    save_file({k: v for k, v in tensors.items() if not k.startswith("model.embed_tokens")},
+              str(slot / "optimizer.safetensors"))
+    with pytest.raises(CheckpointError, match="no moments for model.embed_tokens.weight"):
+        load_checkpoint(slot, _tiny_model(), torch.optim.SGD(_tiny_model().parameters(), lr=0.5, momentum=0.9))

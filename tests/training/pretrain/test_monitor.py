@@ -9,6 +9,8 @@ import json
 import pytest
 import torch
 from conftest import EXACT, launch_hitoban, night_config
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from hitoban.training.pretrain.checkpoint import current_slot
@@ -88,3 +90,50 @@ def test_an_inf_loss_on_rank_one_only_stops_both_ranks_with_nothing_saved_past_i
     assert done.returncode != 0
     assert output.count("became non-finite between steps 6 and 10") == 2, output[-3000:]  # both ranks, same words
     assert json.loads((current_slot(run) / "train_state.json").read_text())["step"] == 5
+
+
+def _monitor(tmp_path, fp16: bool, device: str = "cpu"):
+    from hitoban.training.pretrain.monitor import Monitor
+
+    return Monitor(tmp_path, total_steps=100, tokens_per_step=1, token_flops=1.0, peak_flops=1.0,
+                   device=torch.device(device), fp16=fp16, progress=False)
+
+
+@pytest.mark.parametrize("fp16", [False, True])
+def test_a_step_is_recorded_without_reading_the_device(tmp_path, fp16):
+    """Issue 34: under fp16 the monitor read the loss and gradient norm on the host every step (`float(loss)`),
+    making the host wait for the GPU each step. Tensors on the `meta` device have no values at all: any host read
+    of them raises, so recording steps on them proves no step is read."""
+    monitor = _monitor(tmp_path, fp16)
+    for step in range(1, 4):
+        monitor.on_step(step, torch.ones((), device="meta"), torch.ones((), device="meta"))
+    assert monitor.window_steps == 3
+    with pytest.raises((NotImplementedError, RuntimeError)):  # the control: reading them is what a host sync does
+        float(monitor.loss_sum)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([2.5, float("inf"), float("nan")]),
+                          st.sampled_from([1.0, float("inf"), float("nan")])), min_size=1, max_size=30))
+def test_the_monitors_fp16_verdict_on_the_device_is_step_outcome(tmp_path_factory, steps):
+    """The on-device fp16 guard against its definition, `step_outcome`, applied step by step on the host: the same
+    skipped steps (logged and counted) and the same divergence."""
+    from hitoban.training.pretrain.monitor import step_outcome
+
+    run = tmp_path_factory.mktemp("monitor")
+    monitor, in_a_row, expected_skips, diverged = _monitor(run, fp16=True), 0, [], False
+    for step, (loss, grad) in enumerate(steps, start=1):
+        outcome = step_outcome(loss, grad, True, in_a_row)
+        in_a_row = in_a_row + 1 if outcome == "skipped" else 0
+        diverged = diverged or outcome == "diverged"
+        if outcome == "skipped":
+            expected_skips.append(step)
+        monitor.on_step(step, torch.tensor(loss), torch.tensor(grad))
+    if diverged:
+        with pytest.raises(TrainingDiverged):
+            monitor.check_finite(len(steps), -1)
+        return
+    monitor.check_finite(len(steps), -1)
+    logged = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()] if expected_skips else []
+    assert [r["step"] for r in logged if r["type"] == "skip"] == expected_skips
+    assert monitor.skipped_steps == len(expected_skips)
