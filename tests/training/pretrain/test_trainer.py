@@ -131,6 +131,38 @@ def test_muon_resume_is_bit_identical(tiny_shards, tmp_path):
 
 
 @pytest.mark.slow
+def test_an_fp16_night_resumes_exactly_with_its_gradient_scaler(tiny_shards, tmp_path, monkeypatch):
+    """Issue 34, on a CPU stand-in for a T4 (what `auto` picks there): fp16 autocast with torch's CPU GradScaler
+    (`make_accelerator`; `check_precision`'s refusal of fp16 on a CPU lifted for the test). The scale starts where
+    the first updates overflow and grows every 3 good steps, so the scaler's state moves. Skipped updates are
+    counted, not reported as trained; a run cut after one step ends bit for bit on the uninterrupted run, scaler
+    included (the kill test's exact comparison). Control: the same cut resumed without restoring the scaler (what
+    every resume did) differs."""
+    from hitoban.training.pretrain import checkpoint as checkpoint_module
+    from hitoban.training.pretrain import trainer as trainer_module
+    from hitoban.training.pretrain.killtest import bit_identical
+
+    monkeypatch.setattr(trainer_module, "check_precision", lambda *args, **kwargs: None)
+    monkeypatch.setattr(trainer_module, "matmul_peak", lambda *args: (1e12, "not measured (test)"))
+    scaler = torch.amp.GradScaler
+    monkeypatch.setattr(torch.amp, "GradScaler", lambda device: scaler(device, init_scale=2.0**24, growth_interval=3))
+    options = dict(steps=8, eval_every=100, log_every=4, precision="fp16", compile="off")
+    whole = pretrain(night_config(tiny_shards, tmp_path / "whole", **options))
+    skips = [json.loads(line) for line in (tmp_path / "whole" / "log.jsonl").read_text().splitlines()
+             if '"skip"' in line]
+    assert 0 < whole["skipped_steps"] == len(skips) < 8 and whole["updates_applied"] == 8 - len(skips)
+    for name, restore in (("cut", True), ("control", False)):
+        cut = night_config(tiny_shards, tmp_path / name, **options)
+        pretrain(PretrainConfig(**{**cut.__dict__, "max_hours": 1e-9}))  # stops (and saves) after one step
+        if not restore:
+            load = checkpoint_module.load_optimizer_tensors
+            monkeypatch.setattr(checkpoint_module, "load_optimizer_tensors",
+                                lambda model, optimizer, tensors, scaler=None: load(model, optimizer, tensors))
+        pretrain(cut)
+        assert bit_identical(tmp_path / "whole", tmp_path / name) == restore
+
+
+@pytest.mark.slow
 def test_a_compiled_run_resumes_bit_exactly_and_an_eager_run_resumes_it(tiny_shards, tmp_path):
     """Compiled on a CPU, the run uses deterministic algorithms (Inductor's kernels otherwise reduce in a varying
     order: two uninterrupted compiled runs differed by ~6e-5), so a compiled night resumes bit for bit."""
