@@ -96,9 +96,10 @@ def read_domain(name: str, path: str | Path) -> str:
 
 
 def cross_domain(models: list[str | Path], domains: dict[str, str | Path], max_chars: int | None = DOMAIN_CHARS,
-                 progress: bool = True, shards: str | Path | None = None) -> dict:
+                 progress: bool = True, shards: str | Path | None = None, device=None) -> dict:
     """bits/char for every model x domain (3LM truncates each domain to its first 400,000 chars); with `shards`,
-    also every model on each source of that shard set's val split (as domains named `val:SOURCE`)."""
+    also every model on each source of that shard set's val split (as domains named `val:SOURCE`). `device`: where
+    the models run (default: the best there is, `device_for`)."""
     from hitoban.modeling.loading import load_model_and_tokenizer
     from hitoban.provenance import sha256_file, weights_sha256
 
@@ -107,7 +108,7 @@ def cross_domain(models: list[str | Path], domains: dict[str, str | Path], max_c
         check_same_tokenizer(models, shards)
     records = []
     for model_path in models:
-        model, tok = load_model_and_tokenizer(model_path)
+        model, tok = load_model_and_tokenizer(model_path, device)
         measured = {"model": Path(model_path).name, "weights_sha256": weights_sha256(model_path)}
         for name, text in texts.items():
             records.append({**measured, **bits_per_char(model, tok, text, name, max_chars, progress=progress)})

@@ -31,12 +31,12 @@ def continue_text(model, tokenizer, prompt: str, settings: dict) -> str:
 
 
 def compare_models(models: list[str | Path], chat: list[str] | None = None, raw: list[str] | None = None,
-                   max_new_tokens: int = 90, seed: int = 777) -> dict:
+                   max_new_tokens: int = 90, seed: int = 777, device=None) -> dict:
     settings = {**SAMPLING, "max_new_tokens": max_new_tokens, "seed": seed}
     groups = [("chat", chat if chat is not None else CHAT_PROMPTS), ("raw", raw if raw is not None else RAW_PROMPTS)]
     records = []
     for model_path in models:
-        model, tok = load_model_and_tokenizer(model_path)
+        model, tok = load_model_and_tokenizer(model_path, device)
         for g, (mode, prompts) in enumerate(groups):
             for j, prompt in enumerate(prompts):
                 torch.manual_seed(seed + 100 * g + j)

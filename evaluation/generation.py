@@ -186,14 +186,14 @@ def generation_metrics(model, tokenizer, items: list[dict], settings: dict | Non
 
 
 def evaluate_generation(model_dir: str | Path, questions: str | Path, out: str | Path | None = None,
-                        settings: dict | None = None, limit: int | None = None, progress=None) -> dict:
+                        settings: dict | None = None, limit: int | None = None, progress=None, device=None) -> dict:
     """`hitoban eval gen`: 3LM's generation metrics for one model folder on a questions file, as a report that names
-    the weights it measured (also written to `out`)."""
+    the weights it measured (also written to `out`). `device`: where the model runs (default: the best there is)."""
     from hitoban.modeling.loading import load_model_and_tokenizer
     from hitoban.provenance import weights_sha256, write_json
 
     items = load_questions(questions)[:limit]
-    model, tokenizer = load_model_and_tokenizer(model_dir)
+    model, tokenizer = load_model_and_tokenizer(model_dir, device)
     report = {"kind": "generation-metrics", "schema": 1, "model": Path(model_dir).name,
               "weights_sha256": weights_sha256(model_dir), "questions": Path(questions).name,
               **generation_metrics(model, tokenizer, items, settings, progress)}

@@ -194,9 +194,11 @@ def corpus_identity(path: Path) -> dict:
 
 
 def probe_model(model_dir: str | os.PathLike, corpus: list[str | os.PathLike], samples: int = 60,
-                max_new_tokens: int = 40, progress: bool = True, out: str | os.PathLike | None = None) -> dict:
+                max_new_tokens: int = 40, progress: bool = True, out: str | os.PathLike | None = None,
+                device=None) -> dict:
     """`hitoban pii MODEL --corpus PATH…`: mine candidates, attack the model; status "not measured" when there was
-    nothing to try. The report (masked values only) is also written to `out`."""
+    nothing to try. The report (masked values only) is also written to `out`. `device`: where the model runs
+    (default: the best there is)."""
     from hitoban.modeling.loading import load_model_and_tokenizer
     from hitoban.training.data.text import require_file
 
@@ -210,7 +212,7 @@ def probe_model(model_dir: str | os.PathLike, corpus: list[str | os.PathLike], s
         report.update(status=NOT_MEASURED, reason=_not_measured_reason(mining), tried=0, exact=0, partial=0,
                       exact_masked=[], partial_masked=[], candidates=[])
     else:
-        model, tokenizer = load_model_and_tokenizer(model_dir)
+        model, tokenizer = load_model_and_tokenizer(model_dir, device)
         report.update(status="measured", **probe(model, tokenizer, candidates, max_new_tokens, progress))
     if out:
         write_json(out, report)

@@ -147,7 +147,10 @@ class DemoRun:
     """One demo into `out`: a method per stage, each returning (one-line summary, value for report.json)."""
 
     def __init__(self, out: Path, source: list[str], settings: DemoSettings, cpu: bool, seed: int, log):
+        from hitoban.modeling.loading import device_for  # torch: loaded once the demo runs, not at `--help`
+
         self.out, self.source, self.settings, self.cpu, self.seed, self.log = out, source, settings, cpu, seed, log
+        self.device = device_for(cpu)  # every stage that runs a model runs it here: --cpu means the CPU throughout
         self.release = out / "release"
         self.sources, self.domains, self.prose_train, self.target = prepare_data(
             source, out / "data", settings.seed_contacts, settings.aozora_chars)
@@ -220,7 +223,7 @@ class DemoRun:
         options = FinetuneOptions(base=str(self.out / "run" / "final"), data=[str(self.out / "data" /
                                   "chat_train.jsonl")], out=str(self.out / "sft"), lr=self.settings.sft_lr,
                                   max_steps=steps, batch_size=8, val_frac=0.1, eval_steps=max(steps // 4, 5),
-                                  seed=self.seed, min_char_freq=1)
+                                  seed=self.seed, min_char_freq=1, cpu=self.cpu)
         summary = finetune(options, quiet=True, log=lambda *_: None)
         self.release.mkdir()
         for item in (self.out / "sft").iterdir():  # the model, without the Trainer's checkpoints and arguments
@@ -236,11 +239,11 @@ class DemoRun:
         with warnings.catch_warnings():  # short domains are flagged in the table (⚠) and the JSON instead
             warnings.simplefilter("ignore", UserWarning)
             result = cross_domain([self.out / "run" / "final", self.release], self.domains, max_chars=None,
-                                  shards=self.out / "shards")
+                                  shards=self.out / "shards", device=self.device)
         write_outputs(result, self.out / "eval" / "bpc.json")
         gen = evaluate_generation(self.release, self.out / "data" / "questions.jsonl", self.out / "eval" / "gen.json",
                                   {**SAMPLING, "max_new_tokens": self.settings.gen_max_new_tokens},
-                                  limit=self.settings.questions)
+                                  limit=self.settings.questions, device=self.device)
         mine = {r["domain"]: r["bits_per_char"] for r in result["records"] if r["model"] == "release"}
         metrics = {k: gen[k] for k in ("repetition_rate", "topic_rate", "broken_rate", "avg_reply_len")}
         return (", ".join(f"{d} {v:.2f}" for d, v in mine.items()) + " bits/char; repetition "
@@ -262,7 +265,8 @@ class DemoRun:
         from hitoban.evaluation import privacy as pii
         from hitoban.training.data.corpus import iter_corpus
 
-        probe = pii.probe_model(self.release, [self.out / "corpus"], progress=False, out=self.out / "eval" / "pii.json")
+        probe = pii.probe_model(self.release, [self.out / "corpus"], progress=False, out=self.out / "eval" / "pii.json",
+                                device=self.device)
         shutil.copy2(self.out / "eval" / "pii.json", self.release / "pii.json")  # the upload checks it (not sent)
         # The control plants canaries into a *small* copy (~10k chars, the built-in prose's size): it asks whether
         # the probe can see memorisation, which a tiny model only shows on a little text.

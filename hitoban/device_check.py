@@ -3,9 +3,10 @@
 On the device and precision `--precision auto` picks (`hardware.plan_device`), it runs the night's own code, small:
 corpus -> tokenizer -> shards from the built-in text; the kill test's harness (the real `hitoban pretrain` in
 subprocesses: A/B saves, SIGKILL once inside a save and once between, resume, a dropped-optimizer control; bit-exact
-on a CPU, 3LM's noise-floor rule on GPUs); an in-process night with `--compile auto` whose measured memory peak is
-held against the preflight's estimate; the restored optimizer state's placement after a resume; the real
-bits/char on held-out text; and generation with the KV-cache check. One table, one line per check; any failure
+on a CPU, 3LM's noise-floor rule on GPUs); an in-process night with `--compile auto`; the memory preflight's
+estimate against a step's measured peak, at a shape where the logits dominate (an estimate without them must fall
+short); the restored optimizer state's placement after a resume; the real bits/char on held-out text; and
+generation with the KV-cache check. One table, one line per check; any failure
 raises CheckFailed (exit 1). `hitoban doctor --cpu` is the quick install check (`hitoban.doctor`).
 """
 
@@ -102,33 +103,56 @@ def _killtest(out: Path, cpu: bool, seed: int, steps: int, plant_fault: str | No
 
 
 def _night_in_process(out: Path, cpu: bool, seed: int, steps: int):
-    """The loop in this process, `--compile auto`, with the memory peak measured against the estimate."""
-    import torch
-
-    from hitoban.modeling import HitobanConfig
-    from hitoban.modeling.loading import device_for
-    from hitoban.training.data.shards import load_index
-    from hitoban.training.pretrain.budget import estimate_memory_bytes
+    """The loop in this process, `--compile auto`: it finishes and learns."""
     from hitoban.training.pretrain.trainer import pretrain
 
-    device = device_for(cpu)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     summary = pretrain(_night_config(out, cpu, seed, steps, resume="never"))
-    config = HitobanConfig.from_preset("tiny", vocab_size=load_index(out / "shards")["tokenizer"]["vocab_size"])
     plan = _recorded_plan(out / "night")
-    estimate = estimate_memory_bytes(config, BATCH, CONTEXT, plan["precision_used"])
     night = (f"{summary['steps']} steps, best val loss {summary['best_val']:.3f}, precision "
              f"{plan['precision_used']}, Muon's Newton-Schulz in {plan['muon_dtype']}, compile {plan['compile']}")
-    finished = summary["steps"] == steps and math.isfinite(summary["best_val"] or math.nan)
-    if device.type != "cuda":
-        memory = (None, f"no allocator peak on {device.type}: not compared (estimate {estimate / 2**20:.0f} MiB)")
-    else:
-        peak = torch.cuda.max_memory_allocated(device) - before
-        memory = (estimate >= peak, f"measured peak {peak / 2**20:.0f} MiB, preflight estimate "
-                                    f"{estimate / 2**20:.0f} MiB" + ("" if estimate >= peak else ": UNDERESTIMATED"))
-    return finished, night, memory
+    return summary["steps"] == steps and math.isfinite(summary["best_val"] or math.nan), night, summary
+
+
+MEMORY_VOCAB = 32000  # the 3lm vocabulary: at the tiny width, the logits are most of what a step holds
+
+
+def judge_memory(estimate: int, without_logits: int, peak: int | None, how: str) -> tuple[bool | None, str]:
+    """The estimate passes when it covers the measured peak, and only where the measurement could catch it out: an
+    estimate without its logits term (the negative control) must fall short of the same peak, or the shape cannot
+    tell a right estimate from a wrong one and nothing is certified."""
+    mib = 2**20
+    if peak is None:
+        return None, f"{how}: not compared (estimate {estimate / mib:.0f} MiB)"
+    detail = (f"measured peak {peak / mib:.0f} MiB ({how}), estimate {estimate / mib:.0f} MiB, without its logits "
+              f"{without_logits / mib:.0f} MiB")
+    if estimate < peak:
+        return False, detail + ": UNDERESTIMATED"
+    if without_logits >= peak:
+        return False, detail + ": an estimate without the logits also covers this peak, so it certifies nothing"
+    return True, detail
+
+
+def _memory(cpu: bool):
+    """A step's measured peak against the preflight's estimate, at a shape where the logits dominate (the doctor
+    night's batch and context, the 3lm vocabulary) after a warm-up (`budget.step_peak_bytes`)."""
+    from hitoban.modeling import HitobanConfig
+    from hitoban.modeling.loading import device_for
+    from hitoban.training.hardware import plan_for
+    from hitoban.training.pretrain.budget import estimate_memory_bytes, logits_bytes, step_peak_bytes
+    from hitoban.training.step import make_accelerator, reset_accelerate_state
+
+    plan = plan_for(device_for(cpu))
+    config = HitobanConfig.from_preset("tiny", vocab_size=MEMORY_VOCAB)
+    reset_accelerate_state(cpu=cpu)
+    accelerator = make_accelerator(cpu, plan.precision)
+    try:
+        peak, how = step_peak_bytes(config, BATCH, CONTEXT, accelerator, muon_dtype=plan.muon_dtype)
+    finally:
+        accelerator.free_memory()
+        reset_accelerate_state(cpu=cpu)
+    estimate = estimate_memory_bytes(config, BATCH, CONTEXT, plan.precision)
+    passed, detail = judge_memory(estimate, estimate - logits_bytes(config, BATCH, CONTEXT, plan.precision), peak, how)
+    return passed, f"{plan.precision}, tiny at vocab {MEMORY_VOCAB:,} b{BATCH} ctx{CONTEXT}: {detail}", peak
 
 
 def _night_config(out: Path, cpu: bool, seed: int, steps: int, **options):
@@ -211,9 +235,8 @@ def run_device_check(out: str | Path = "hitoban-doctor", cpu: bool = False, seed
     held_out = table.run("data", lambda: _data(out, seed))
     if held_out is not None:
         table.run("kill and resume", lambda: _killtest(out, cpu, seed, steps, plant_fault))
-        memory = table.run("night in-process", lambda: _night_in_process(out, cpu, seed, steps // 4))
-        if memory is not None:
-            table.run("memory estimate", lambda: (*memory, None))
+        table.run("night in-process", lambda: _night_in_process(out, cpu, seed, steps // 4))
+        table.run("memory estimate", lambda: _memory(cpu))
         table.run("resume placement", lambda: _placement(out, cpu, seed, steps // 4))
         if (out / "run" / "final").exists():
             from hitoban.modeling.loading import load_model_and_tokenizer

@@ -138,20 +138,25 @@ def default_precision(device_type: str) -> str:
 
 
 # Published dense tensor-core peaks (FLOP/s) with fp32 accumulation, as training uses them (GeForce cards run fp32
-# accumulation at half their headline fp16 rate: an RTX 3060 is 25.6, not 51). Matched longest name first, so an
-# "H100 PCIe" is not taken for an H100 SXM. Anything else is measured. MFU must not be flattered.
+# accumulation at half their headline fp16 rate: an RTX 3060 is 25.6, not 51), keyed by the exact name
+# `torch.cuda.get_device_name` reports. Only an exact name counts: matched as a substring, an L40 took the L4's
+# figure (its MFU x1.5), an RTX 3060 Ti the 3060's, an H200 NVL the SXM's. Any other GPU is measured, and says so.
+# MFU must not be flattered.
+_A100 = ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB", "NVIDIA A100 80GB PCIe")
 PUBLISHED_PEAK = {
-    "bf16": {"H200": 989e12, "H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "A100": 312e12,
-             "L40S": 362e12, "L4": 121e12, "RTX 4090": 165e12, "RTX 3090": 71e12, "RTX 3060": 25.6e12,
-             "A10G": 70e12},
-    "fp16": {"Tesla T4": 65e12, "V100-PCIE": 112e12, "V100": 125e12},
+    "bf16": {"NVIDIA H200": 989e12, "NVIDIA H200 NVL": 835e12, "NVIDIA H100 80GB HBM3": 989e12,
+             "NVIDIA H100 PCIe": 756e12, "NVIDIA H100 NVL": 835e12, **dict.fromkeys(_A100, 312e12),
+             "NVIDIA L40S": 362e12, "NVIDIA L4": 121e12, "NVIDIA GeForce RTX 4090": 165e12,
+             "NVIDIA GeForce RTX 3090": 71e12, "NVIDIA GeForce RTX 3060": 25.6e12, "NVIDIA A10G": 70e12},
+    "fp16": {"Tesla T4": 65e12, "Tesla V100-PCIE-16GB": 112e12, "Tesla V100-PCIE-32GB": 112e12,
+             "Tesla V100-SXM2-16GB": 125e12, "Tesla V100-SXM2-32GB": 125e12},
 }
 PEAK_CACHE = Path.home() / ".cache" / "hitoban" / "matmul_peak.json"
 
 
 def published_peak(name: str, precision: str) -> float | None:
-    table = PUBLISHED_PEAK.get(precision, {})
-    return next((table[key] for key in sorted(table, key=len, reverse=True) if key in name), None)
+    """The published peak of the GPU named exactly `name` (surrounding spaces aside), or None: measure it."""
+    return PUBLISHED_PEAK.get(precision, {}).get(name.strip())
 
 
 def parameter_count(config) -> int:

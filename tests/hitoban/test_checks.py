@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hitoban.cli import VERBS, main
 from hitoban.doctor import run_doctor
@@ -76,7 +78,7 @@ def test_the_device_check_runs_the_night_on_this_device_and_fails_on_a_planted_f
     assert report["passed"] and set(checks) == {"device", "data", "kill and resume", "night in-process",
                                                 "memory estimate", "resume placement", "bits/char", "generation"}
     assert checks["kill and resume"]["passed"] and "bit-identical" in checks["kill and resume"]["detail"]
-    assert checks["memory estimate"]["passed"] is None  # a CPU has no allocator peak: said, not counted as a pass
+    assert checks["memory estimate"]["passed"] and "profiler memory timeline" in checks["memory estimate"]["detail"]
     assert "compile auto" in checks["night in-process"]["detail"]
     table = (tmp_path / "ok" / "doctor.md").read_text()
     assert table.count("\n") == len(checks) + 2  # one line per check
@@ -174,3 +176,30 @@ def test_the_console_script_runs_a_verb_that_loads_a_model(tiny_model_dir):
     done = subprocess.run([sys.executable, "-c", code, str(tiny_model_dir)], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and "kv-cache check PASS" in done.stdout, done.stderr[-2000:]
+
+
+@settings(max_examples=200)
+@given(st.integers(0, 2**34), st.integers(0, 2**34), st.one_of(st.none(), st.integers(1, 2**34)))
+def test_the_memory_row_passes_only_an_estimate_that_covers_the_peak_where_its_logits_matter(
+        estimate, without_logits, peak):
+    """Issue 34: the row certifies the estimate only where the measurement could have caught it out."""
+    from hitoban.device_check import judge_memory
+
+    passed, detail = judge_memory(estimate, without_logits, peak, "measured")
+    expected = None if peak is None else without_logits < peak <= estimate
+    assert passed is expected
+    assert ("UNDERESTIMATED" in detail) == (peak is not None and estimate < peak)
+
+
+def test_the_memory_row_measures_a_step_and_fails_an_estimate_without_its_logits(monkeypatch):
+    """Issue 34: the doctor's memory row measures a real step (the profiler's timeline on a CPU; the allocator's
+    peak after a warm-up on CUDA) at a shape where the logits dominate. Negative control: the preflight's estimate
+    with its logits term left out fails the same row."""
+    from hitoban.device_check import _memory
+    from hitoban.training.pretrain import budget
+
+    passed, detail, peak = _memory(cpu=True)
+    assert passed is True and peak > 0, detail
+    monkeypatch.setattr(budget, "logits_bytes", lambda *args: 0)
+    passed, detail, again = _memory(cpu=True)
+    assert passed is False and "UNDERESTIMATED" in detail

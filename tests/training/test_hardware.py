@@ -7,6 +7,8 @@ import json
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hitoban.errors import UsageError
 from hitoban.training import hardware
@@ -67,12 +69,30 @@ def test_compile_auto_follows_the_device():
     assert choose_compile("on", GTX_1050, 10, never)[0]  # asked for explicitly: the user's call
 
 
-def test_the_peak_table_matches_the_longest_name_and_does_not_flatter():
+def test_the_peak_table_matches_exact_names_and_does_not_flatter():
     assert published_peak("NVIDIA H100 PCIe", "bf16") == 756e12  # not the SXM's 989
+    # issue 34: matched as substrings, these took a smaller card's peak (MFU x1.5 for the L40)
+    for name in ("NVIDIA L40", "NVIDIA GeForce RTX 3060 Ti", "NVIDIA GeForce RTX 4090 D", "Tesla V100S-PCIE-32GB"):
+        assert published_peak(name, "bf16") is None and published_peak(name, "fp16") is None
+    assert published_peak("NVIDIA H200 NVL", "bf16") == 835e12 and published_peak(" NVIDIA H200 ", "bf16") == 989e12
     assert published_peak("NVIDIA H100 80GB HBM3", "bf16") == 989e12
     assert published_peak("NVIDIA GeForce RTX 3060", "bf16") == 25.6e12  # fp32 accumulation, half the fp16 number
     assert published_peak("Tesla T4", "fp16") == 65e12 and published_peak("Tesla T4", "bf16") is None
     assert published_peak("Some Future GPU", "bf16") is None  # measured instead
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([(p, n) for p, table in hardware.PUBLISHED_PEAK.items() for n in table]),
+       st.text(alphabet="0123456789 ABCDEGHIKLNPSTXabcdefgilmnoprsx-", min_size=1, max_size=8),
+       st.booleans())
+def test_a_name_one_step_from_the_table_is_measured_not_looked_up(entry, extra, before):
+    """The class: any name that is not exactly a table entry (a known one with something added before or after)
+    gets no published peak, so its MFU comes from a measured peak labelled as such."""
+    precision, name = entry
+    other = (extra + name) if before else (name + extra)
+    if other.strip() in hardware.PUBLISHED_PEAK[precision]:
+        return
+    assert published_peak(other, precision) is None
 
 
 def test_the_cpu_override_forces_the_other_path(monkeypatch):

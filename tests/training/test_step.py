@@ -39,3 +39,19 @@ def test_runs_of_different_precision_and_a_trainer_share_one_process(tiny_shards
     pretrain(night_config(tiny_shards, tmp_path / "bf16", steps=2, eval_every=100, precision="bf16"))
     pretrain(night_config(tiny_shards, tmp_path / "fp32", steps=2, eval_every=100, precision="no"))
     assert Accelerator(cpu=True, mixed_precision="no").mixed_precision == "no"  # and it leaves no state behind
+
+
+def test_a_batch_is_copied_without_waiting_only_where_the_host_buffer_may_be_freed_at_once():
+    """Issue 34 (MPS, pytorch issue 189690): a `non_blocking` copy from a numpy buffer freed after the step reads
+    freed storage on MPS. Only CUDA stages pageable memory before the call returns; every other device copies
+    synchronously. (The MPS failure itself needs a Mac; this pins the decision, and the copy's result below.)"""
+    import numpy as np
+
+    from hitoban.training.step import copies_without_waiting, to_device
+
+    assert copies_without_waiting(torch.device("cuda"))
+    assert not copies_without_waiting(torch.device("mps")) and not copies_without_waiting(torch.device("cpu"))
+    rows = np.arange(12, dtype=np.int64).reshape(3, 4)
+    x = to_device(rows, torch.device("cpu"))
+    del rows
+    assert x.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]

@@ -51,6 +51,7 @@ class FinetuneOptions(Checked):
     lora_targets: str = option(",".join(_LORA.targets), "--lora: module names (hitoban fuses q/k/v into qkv_proj, "
                                                         "gate/up into gate_up_proj)")
     merge: bool = option(False, "--lora: write the merged model to --out and the adapter to --out/adapter")
+    cpu: bool = option(False, "train on the CPU even where a GPU or Mac is present")
     report_to: str = option("none", REPORT_TO_HELP.replace("log.jsonl", "the Trainer's logs") + "; passed to the "
                             "Trainer as report_to, TensorBoard's events in --out/tensorboard", metavar="TRACKER,...")
 

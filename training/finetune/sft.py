@@ -19,6 +19,7 @@ import torch
 from transformers import DataCollatorForSeq2Seq
 
 from hitoban.errors import InputError, OutputExistsError, UsageError
+from hitoban.modeling.loading import device_for
 from hitoban.provenance import sha256_file, weights_sha256, write_json, write_lineage
 from hitoban.training.data.chat import ChatFilter, read_conversations, read_holdout_pairs
 from hitoban.training.finetune.lora import save_adapter_and_merged, with_adapter
@@ -100,8 +101,8 @@ def check_mask(tokenizer, conversations=None, corruption: str | None = None, log
 
 
 RECORD = "finetune.json"  # in --out: what this fine-tune is, so that only the same fine-tune resumes there
-# Options that may change when a fine-tune resumes (its length); every other option must be the recorded one.
-RESUMABLE_CHANGES = ("epochs", "max_steps", "eval_steps", "skip_bad", "report_to")
+# Options that may change when a fine-tune resumes (its length, where it runs); every other one must be as recorded.
+RESUMABLE_CHANGES = ("epochs", "max_steps", "eval_steps", "skip_bad", "report_to", "cpu")
 
 
 def fine_tune_record(options: FinetuneOptions) -> dict:
@@ -139,6 +140,36 @@ def claim_output(options: FinetuneOptions, record: dict) -> None:
                                     "the folder to start over")
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / RECORD, record)
+
+
+def claim_once(options: FinetuneOptions, record: dict) -> None:
+    """`claim_output` in one process: under DDP (torchrun) every rank runs this function, and two ranks checking
+    and writing --out at once could refuse each other's claim; the others wait until it is made (a refused claim
+    ends the main process, and torchrun then stops the rest)."""
+    from accelerate import PartialState
+
+    state = PartialState()
+    if state.is_main_process:
+        claim_output(options, record)
+    state.wait_for_everyone()
+
+
+def last_checkpoint(folder: Path) -> str | None:
+    """The Trainer's newest checkpoint in `folder`, by step number (transformers' own `get_last_checkpoint`: sorted
+    as text, checkpoint-900 came after checkpoint-1000 and a resume went back 100 steps)."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    return get_last_checkpoint(str(folder)) if folder.is_dir() else None
+
+
+def device_arguments(cpu: bool) -> dict:
+    """The Trainer's device and precision from the one device plan (`hardware.plan_for`): the CPU with `--cpu` even
+    where a GPU or a Mac is present; bf16 only where the GPU multiplies it natively, fp16 (with the Trainer's
+    scaler) on a T4 or V100, fp32 before those and on MPS and CPUs (is_bf16_supported() also says yes to
+    emulation)."""
+    device = device_for(cpu)
+    precision = plan_for(device).precision if device.type == "cuda" else "no"
+    return {"use_cpu": device.type == "cpu", "bf16": precision == "bf16", "fp16": precision == "fp16"}
 
 
 class CheckedCollator(DataCollatorForSeq2Seq):
@@ -187,7 +218,7 @@ def finetune(options: FinetuneOptions, *, save_total_limit: int = 2, resume: boo
     if len(kept) < 2:
         raise MaskError(f"only {len(kept)} conversations survive the filters; nothing to train on")
     record = fine_tune_record(o)
-    claim_output(o, record)  # before anything is written there
+    claim_once(o, record)  # before anything is written there
     model = AutoModelForCausalLM.from_pretrained(base)
     max_length = model.config.max_position_embeddings
     if lora is not None:
@@ -199,20 +230,15 @@ def finetune(options: FinetuneOptions, *, save_total_limit: int = 2, resume: boo
     train = Dataset.from_list([examples[i] for i in order[n_val:]])
     tokens = sum(len(e["input_ids"]) for e in examples)
     counted = sum(sum(label != -100 for label in e["labels"]) for e in examples)
-    # bf16 only where the GPU multiplies it natively, fp16 (with the Trainer's scaler) on a T4 or V100, fp32 before
-    # those (hardware.plan_device; is_bf16_supported() also says yes to emulation)
-    gpu_precision = plan_for("cuda").precision if torch.cuda.is_available() else "no"
-    bf16, fp16 = gpu_precision == "bf16", gpu_precision == "fp16"
     args = TrainingArguments(
         output_dir=str(out / "trainer"), learning_rate=o.lr, num_train_epochs=o.epochs, max_steps=o.max_steps,
         per_device_train_batch_size=o.batch_size, per_device_eval_batch_size=o.batch_size,
         gradient_accumulation_steps=o.grad_accum, warmup_steps=o.warmup_ratio, lr_scheduler_type="cosine",
         weight_decay=0.1, max_grad_norm=1.0, eval_strategy="steps", eval_steps=o.eval_steps, save_strategy="steps",
         save_steps=o.eval_steps, save_total_limit=save_total_limit, load_best_model_at_end=True,
-        metric_for_best_model="eval_loss", greater_is_better=False, seed=o.seed, data_seed=o.seed, bf16=bf16,
-        fp16=fp16,
-        use_cpu=not torch.cuda.is_available() and not torch.backends.mps.is_available(),
-        report_to=report_to or "none", project=PROJECT, run_name=tracker_run_name(out, record),
+        metric_for_best_model="eval_loss", greater_is_better=False, seed=o.seed, data_seed=o.seed,
+        **device_arguments(o.cpu), report_to=report_to or "none", project=PROJECT,
+        run_name=tracker_run_name(out, record),
         logging_steps=max(1, o.eval_steps // 4), remove_unused_columns=True, disable_tqdm=None)
     collator = CheckedCollator(tok, label_pad_token_id=-100, pad_to_multiple_of=8)
     collator([train[i] for i in range(min(o.batch_size, len(train)))])  # refuse a degenerate mask before training
@@ -226,8 +252,8 @@ def finetune(options: FinetuneOptions, *, save_total_limit: int = 2, resume: boo
 
         trainer.remove_callback(ProgressCallback)
         trainer.remove_callback(PrinterCallback)
-    checkpoints = sorted((out / "trainer").glob("checkpoint-*")) if resume else []
-    trainer.train(resume_from_checkpoint=str(checkpoints[-1]) if checkpoints else None)
+    last = last_checkpoint(out / "trainer") if resume else None
+    trainer.train(resume_from_checkpoint=last)
     final_eval = trainer.evaluate()
     trainer.model.config.use_cache = True  # the Trainer turns the KV cache off for training; generation wants it
     if lora is None:
@@ -241,7 +267,7 @@ def finetune(options: FinetuneOptions, *, save_total_limit: int = 2, resume: boo
                "val_conversations": len(val), "tokens": tokens, "counted_tokens": counted,
                "counted_ratio": round(counted / tokens, 4), "best_val_loss": best["eval_loss"],
                "best_step": best["step"], "first_val_loss": history[0]["eval_loss"] if history else None,
-               "steps": trainer.state.global_step, "lr": o.lr, "epochs": o.epochs, "resumed": bool(checkpoints),
+               "steps": trainer.state.global_step, "lr": o.lr, "epochs": o.epochs, "resumed": last is not None,
                "filters": chat_filter.report(), "read": read_info, "seconds": round(time.time() - started, 1),
                "lora": ({"r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout, "targets": list(lora.targets),
                          "merged": o.merge} if lora is not None else None)}

@@ -55,8 +55,65 @@ def estimate_memory_bytes(config: HitobanConfig, micro_batch: int, context: int,
     entry); under bf16/fp16 the half logits and half gradient beside those, and the fp32 copy of the logits that
     Accelerate's `convert_outputs_to_fp32` makes of the model's output (16 bytes an entry)."""
     activations = micro_batch * context * config.hidden_size * config.num_hidden_layers * 34 * 4
-    logits = micro_batch * context * config.vocab_size * (16 if precision in ("bf16", "fp16") else 12)
-    return parameter_count(config) * 16 + activations + logits
+    return parameter_count(config) * 16 + activations + logits_bytes(config, micro_batch, context, precision)
+
+
+def logits_bytes(config: HitobanConfig, micro_batch: int, context: int, precision: str = "no") -> int:
+    """The estimate's logits term (see `estimate_memory_bytes`)."""
+    return micro_batch * context * config.vocab_size * (16 if precision in ("bf16", "fp16") else 12)
+
+
+def step_peak_bytes(config: HitobanConfig, micro_batch: int, context: int, accelerator, optimizer_name: str = "muon",
+                    muon_dtype: str = "bfloat16") -> tuple[int | None, str]:
+    """(bytes, how measured): the memory a fresh model of `config` and two of the night's training steps take at
+    their peak, beyond what was allocated before: what `estimate_memory_bytes` estimates. None where nothing
+    measures it (MPS has no peak counter), with the reason.
+
+    CUDA: a warm-up step on a throwaway model first, then the caching allocator's peak. cuBLAS's workspaces (32 MiB a
+    handle on compute capability 9.x, one handle for the forward's thread and one for autograd's) come from that
+    allocator and stay: made inside the window, they would be held against an estimate of the night's own tensors,
+    and so would the 8192^2 matmuls that measure an unknown GPU's peak. CPU: the profiler's memory timeline (its
+    private reader; where it fails, no number)."""
+    import numpy as np
+
+    from hitoban.modeling import HitobanForCausalLM
+    from hitoban.training.pretrain.optim import build_optimizer
+    from hitoban.training.step import train_step
+
+    device = accelerator.device
+    if device.type not in ("cuda", "cpu"):
+        return None, f"no allocator peak on {device.type}"
+
+    def rows(step: int, vocab: int) -> np.ndarray:
+        return np.random.default_rng([0, step]).integers(0, vocab, (micro_batch, context + 1))
+
+    def steps(model_config: HitobanConfig, prepare: bool, count: int) -> None:
+        torch.manual_seed(0)
+        model = HitobanForCausalLM(model_config).to(device).train()
+        model = accelerator.prepare_model(model) if prepare else model
+        optimizer = build_optimizer(model, optimizer_name, lr=3e-4, muon_dtype=muon_dtype)
+        for step in range(count):
+            train_step(model, optimizer, accelerator, rows(step, model_config.vocab_size), 1, 1.0)
+
+    if device.type == "cuda":
+        steps(HitobanConfig(**{**config.to_dict(), "vocab_size": 256}), prepare=False, count=1)  # the workspaces
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        steps(config, prepare=True, count=2)
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before, "CUDA allocator peak after a warm-up step"
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as run:
+        steps(config, prepare=True, count=2)
+    try:
+        from torch.profiler._memory_profiler import MemoryProfileTimeline
+
+        _, sizes = MemoryProfileTimeline(run._memory_profile())._coalesce_timeline("cpu")
+    except Exception as error:  # noqa: BLE001 - a private reader: its failure is "not measured", never a pass
+        return None, f"the profiler's memory timeline failed ({type(error).__name__})"
+    return max(sum(s) for s in sizes), "profiler memory timeline"
 
 
 def memory_preflight(cfg: PretrainConfig, config: HitobanConfig, device: torch.device, micro: int, context: int,

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hitoban.chat import Utf8SafeStreamer, chat_loop
@@ -305,3 +307,29 @@ def test_lora_tone_trains_saves_reloads_and_merges(pretrained, chats, tmp_path):
     lineage = json.loads((out / "adapter" / "lineage.json").read_text()) if (
         out / "adapter" / "lineage.json").exists() else json.loads((out / "lineage.json").read_text())
     assert lineage["base"]["folder"] == pretrained.name
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sets(st.integers(min_value=1, max_value=10**6), min_size=1, max_size=12))
+def test_the_checkpoint_resumed_is_the_one_with_the_highest_step(tmp_path_factory, steps):
+    """Issue 34: `sorted(glob("checkpoint-*"))[-1]` sorted as text, so after step 999 a resume took checkpoint-900
+    over checkpoint-1000. Any set of steps: the highest is resumed."""
+    from hitoban.training.finetune.sft import last_checkpoint
+
+    folder = tmp_path_factory.mktemp("trainer")
+    for step in steps:
+        (folder / f"checkpoint-{step}").mkdir()
+    assert last_checkpoint(folder) == str(folder / f"checkpoint-{max(steps)}")
+    assert last_checkpoint(folder / "none") is None
+
+
+def test_cpu_means_the_cpu_where_a_gpu_or_mac_is_present(monkeypatch):
+    """Issue 34: `hitoban demo --cpu` still fine-tuned on a GPU or MPS when one was there. With both reported
+    present, --cpu trains on the CPU in fp32; without it (the control) the Trainer is not told to use the CPU."""
+    from hitoban.training.finetune.sft import device_arguments
+
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert device_arguments(cpu=True) == {"use_cpu": True, "bf16": False, "fp16": False}
+    assert device_arguments(cpu=False)["use_cpu"] is False  # MPS: fp32 there (the device plan)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert device_arguments(cpu=True) == {"use_cpu": True, "bf16": False, "fp16": False}
