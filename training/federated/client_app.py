@@ -5,9 +5,11 @@ machine kept from its last task (training/federated/downlink.py), checked agains
 machine without those weights, or whose result differs, answers with an error and gets them in full next round).
 The reply carries the fp16 delta, the windows and seconds it took (the server sizes the next task from them) and
 the task's id. A machine whose shards differ from the server's answers with an error naming the shard instead,
-before it trains; one whose delta is not finite answers with an error too (the server re-checks either way). A
-"query" message with `done` is the end of the run: the machine writes STATE/DONE so `hitoban federate join` can
-leave.
+before it trains; one that cannot hold the task's step (its memory preflight, or an out-of-memory) answers with an
+error saying what it needs; one whose delta is not finite answers with an error too (the server re-checks either
+way). A "query" message with `done` is the end of the run: the machine writes STATE/DONE so `hitoban federate join`
+can leave; one with `refused` says the server offers it no more tasks, and why: STATE/REFUSED, and join leaves with
+that reason.
 """
 
 from __future__ import annotations
@@ -19,11 +21,19 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricR
 from flwr.clientapp import ClientApp
 
 from hitoban.training.federated.downlink import UPDATE, WEIGHTS, apply_update, decode_scales, weights_digest
-from hitoban.training.federated.inner import Machine, ShardMismatch, finite
-from hitoban.training.federated.outer import DELTA, METRICS, TASK, WEIGHT
+from hitoban.training.federated.inner import DONE_FILE, REFUSED_FILE, DoesNotFit, Machine, ShardMismatch, finite
+from hitoban.training.federated.outer import (
+    DELTA,
+    ERROR_DIVERGED,
+    ERROR_MEMORY,
+    ERROR_SHARDS,
+    ERROR_WEIGHTS,
+    METRICS,
+    TASK,
+    WEIGHT,
+)
 
 PLANT_NAN_ENV = "HITOBAN_TEST_FEDERATED_NAN_DELTA"  # negative control: this machine sends a NaN delta on purpose
-ERROR_SHARDS, ERROR_DIVERGED, ERROR_WEIGHTS = 4001, 4002, 4003
 
 app = ClientApp()
 _machines: dict[tuple, Machine] = {}
@@ -36,7 +46,8 @@ def machine_for(node_config) -> Machine:
         _machines[key] = Machine(node_config["data"], node_config["state"], str(node_config.get("name", "machine")),
                                  cpu=bool(node_config.get("cpu", False)),
                                  precision=str(node_config.get("precision", "auto")),
-                                 grad_accum=int(node_config.get("grad-accum", 1)))
+                                 grad_accum=int(node_config.get("grad-accum", 1)),
+                                 memory_cap_gb=float(node_config.get("memory-cap-gb", 0)) or None)
     return _machines[key]
 
 
@@ -67,6 +78,9 @@ def train_reply(machine: Machine, msg: Message) -> Message:
         result = machine.train(weights, task)
     except ShardMismatch as err:
         return Message(Error(code=ERROR_SHARDS, reason=f"ShardMismatch: {machine.name}: {err}"), reply_to=msg)
+    except DoesNotFit as err:
+        print(f"hitoban: {err}", flush=True)
+        return Message(Error(code=ERROR_MEMORY, reason=f"DoesNotFit: {err}"), reply_to=msg)
     if os.environ.get(PLANT_NAN_ENV):
         first = next(iter(result.delta))
         result.delta[first] = result.delta[first].clone()
@@ -91,11 +105,20 @@ def train(msg: Message, context: Context) -> Message:
     return train_reply(machine_for(context.node_config), msg)
 
 
+def query_reply(state: Path, msg: Message) -> Message:
+    """The server's word outside a task: the run is over (DONE), or it offers this machine no more tasks (REFUSED,
+    with its reason); written into the state folder, where `hitoban federate join` reads it."""
+    info = msg.content.config_records.get(TASK) or {}
+    for key, name in (("done", DONE_FILE), ("refused", REFUSED_FILE)):
+        if info.get(key):
+            state.mkdir(parents=True, exist_ok=True)
+            text = str(info.get("run-id", "")) if key == "done" else str(info[key])
+            (state / name).write_text(text + "\n", encoding="utf-8")
+            if key == "refused":
+                print(f"hitoban: the server offers this machine no more tasks: {info[key]}", flush=True)
+    return Message(RecordDict({TASK: ConfigRecord({"ok": 1})}), reply_to=msg)
+
+
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    info = msg.content.config_records.get(TASK) or {}
-    if info.get("done"):
-        state = Path(str(context.node_config["state"]))
-        state.mkdir(parents=True, exist_ok=True)
-        (state / "DONE").write_text(str(info.get("run-id", "")) + "\n")
-    return Message(RecordDict({TASK: ConfigRecord({"ok": 1})}), reply_to=msg)
+    return query_reply(Path(str(context.node_config["state"])), msg)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from hitoban.errors import InputError
+from hitoban.errors import InputError, ResourceError
 from hitoban.provenance import replacing
 from hitoban.training.data.reader import ShardReader
 from hitoban.training.data.shards import load_index, sha256_file
@@ -32,6 +32,7 @@ from hitoban.training.federated.tasks import schedule_step
 from hitoban.training.pretrain.options import TrainingOptions
 
 MACHINE_ONLY = ("data", "cpu", "precision", "compile", "memory_cap_gb", "skip_memory_check", "grad_accum")
+DONE_FILE, REFUSED_FILE = "DONE", "REFUSED"  # in a machine's state folder: the server's word, read by join
 PAUSE_PER_STEP_ENV = "HITOBAN_TEST_FEDERATED_STEP_PAUSE"  # tests: seconds to sleep per inner step (a slow machine)
 
 
@@ -71,6 +72,15 @@ def check_shards(mine: dict[str, str], servers: dict[str, str]) -> None:
                                 f"{digest[:12]}... there): copy the server's shards again")
 
 
+class DoesNotFit(ResourceError):
+    """This machine cannot hold the task's training step: refused before it trains (or after an out-of-memory)."""
+
+
+def fewest_accumulation_steps(batch: int, fits) -> int | None:
+    """The smallest --grad-accum (a divisor of `batch`) whose micro-batch `fits(micro)`, or None."""
+    return next((k for k in range(1, batch + 1) if batch % k == 0 and fits(batch // k)), None)
+
+
 @dataclass
 class TaskResult:
     delta: dict[str, torch.Tensor]  # fp16: the global weights minus this machine's after the task
@@ -83,23 +93,20 @@ class Machine:
     """A joined machine: its shards, its device, the folder where its inner optimizer state lives."""
 
     def __init__(self, data: str | os.PathLike, state: str | os.PathLike, name: str, cpu: bool = False,
-                 precision: str = "auto", grad_accum: int = 1):
+                 precision: str = "auto", grad_accum: int = 1, memory_cap_gb: float | None = None):
         self.data, self.state, self.name = Path(data), Path(state), name
         self.cpu, self.precision_option, self.grad_accum = cpu, precision, grad_accum
+        self.memory_cap_gb = memory_cap_gb
         self.reader = ShardReader(self.data, "train")
         self.digests = shard_digests(self.data, self.state)
 
     def train(self, weights: dict[str, torch.Tensor], task: dict) -> TaskResult:
-        """Train windows [start, end) of the run's order from `weights`; return the delta and what it cost."""
-        from hitoban.modeling import HitobanForCausalLM
+        """Train windows [start, end) of the run's order from `weights`; return the delta and what it cost. A task
+        this machine cannot hold is refused (DoesNotFit) before anything is built."""
         from hitoban.modeling.loading import device_for
         from hitoban.training.hardware import check_precision, device_facts, plan_device
-        from hitoban.training.pretrain.optim import build_optimizer
         from hitoban.training.pretrain.options import shaped_config
-        from hitoban.training.pretrain.resume import place_step_counters
-        from hitoban.training.pretrain.trainer import step_seed
-        from hitoban.training.schedule import Schedule
-        from hitoban.training.step import make_accelerator, reset_accelerate_state, train_step
+        from hitoban.training.step import make_accelerator, reset_accelerate_state
 
         check_shards(self.digests, json.loads(task["shards"]))
         options = TrainingOptions(data=str(self.data), **json.loads(task["options"]))
@@ -111,6 +118,53 @@ class Machine:
         accelerator = make_accelerator(self.cpu, precision)
         config, context = shaped_config(options.preset, self.reader.vocab_size, options.context,
                                         dropout=options.dropout)
+        try:
+            self.preflight(config, options.batch_size, context, precision, accelerator.device)
+            try:
+                return self._train(weights, task, options, config, context, plan, accelerator)
+            except RuntimeError as error:  # torch.OutOfMemoryError on CUDA; MPS says so in a RuntimeError
+                if "out of memory" not in str(error):
+                    raise
+                message = str(error).splitlines()[0]
+            if accelerator.device.type == "cuda":  # the step's tensors went with the handled exception's frames
+                torch.cuda.empty_cache()
+            raise DoesNotFit(f"{self.name} ran out of memory training this task ({message}); join with a larger "
+                             "--grad-accum or from a machine with more memory")
+        finally:
+            reset_accelerate_state()
+
+    def preflight(self, config, batch: int, context: int, precision: str, device: torch.device) -> None:
+        """Refuse a task whose step (the night's estimate for the micro-batch this machine trains) needs more than
+        90% of the memory free here, or of --memory-cap-gb: accepted, it would die with out-of-memory every time."""
+        from hitoban.training.hardware import available_memory_bytes
+        from hitoban.training.pretrain.budget import estimate_memory_bytes
+
+        free = available_memory_bytes(device)
+        limits = [b for b in (free, self.memory_cap_gb * 2**30 if self.memory_cap_gb else None) if b is not None]
+        if not limits:
+            return
+        have = min(limits)
+        micro = batch // math.gcd(batch, self.grad_accum)
+        need = estimate_memory_bytes(config, micro, context, precision)
+        if need <= 0.9 * have:
+            return
+        accumulate = fewest_accumulation_steps(batch, lambda m: estimate_memory_bytes(config, m, context, precision)
+                                               <= 0.9 * have)
+        advice = (f"join with --grad-accum {accumulate}" if accumulate is not None else
+                  "even one row at a time does not fit: use a machine with more memory")
+        raise DoesNotFit(f"{self.name} cannot hold this run: a step of {micro} rows x {context} tokens of "
+                         f"{config.num_hidden_layers}x{config.hidden_size} (vocab {config.vocab_size:,}, {precision}) "
+                         f"needs about {need / 2**30:.2f} GiB and {have / 2**30:.2f} GiB are "
+                         f"{'allowed by --memory-cap-gb' if have != free else 'free'} on {device.type}; {advice}")
+
+    def _train(self, weights, task, options, config, context, plan, accelerator) -> TaskResult:
+        from hitoban.modeling import HitobanForCausalLM
+        from hitoban.training.pretrain.optim import build_optimizer
+        from hitoban.training.pretrain.resume import place_step_counters
+        from hitoban.training.pretrain.trainer import step_seed
+        from hitoban.training.schedule import Schedule
+        from hitoban.training.step import train_step
+
         model = HitobanForCausalLM(config)
         missing, unexpected = model.load_state_dict(weights, strict=False)
         if unexpected or [k for k in missing if k != "lm_head.weight"]:
@@ -145,7 +199,6 @@ class Machine:
         trained = dict(local.state_dict())
         delta = {name: (w.float() - trained[name].detach().float().cpu()).to(torch.float16)
                  for name, w in weights.items()}
-        reset_accelerate_state()
         return TaskResult(delta, end - start, seconds, mean_loss)
 
     # ----------------------------------------------------------- the global weights, as the downlink last left them

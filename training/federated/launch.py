@@ -27,7 +27,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from hitoban.errors import CheckFailed, HitobanError, UsageError
+from hitoban.errors import CheckFailed, HitobanError, ResourceError, UsageError
 from hitoban.training.federated.options import JoinOptions, ServeOptions
 
 BIN = Path(sys.executable).parent  # flower-superlink, flower-supernode and flwr live beside this Python
@@ -301,7 +301,7 @@ def machine_keys(options: JoinOptions, name: str) -> tuple[Path, Path] | None:
 def join(options: JoinOptions, show=print) -> int:
     """This machine trains the server's tasks until the run is over (or Ctrl-C). Returns the exit code."""
     from hitoban.training.data.shards import verify_shards
-    from hitoban.training.federated.inner import shard_digests
+    from hitoban.training.federated.inner import DONE_FILE, REFUSED_FILE, shard_digests
 
     if bool(options.keys) == options.insecure:
         raise UsageError("give --keys node-NAME (TLS and this machine's registered key) or --insecure (a server "
@@ -313,10 +313,12 @@ def join(options: JoinOptions, show=print) -> int:
     state = Path(options.state)
     verify_shards(options.data, full=True)  # a damaged copy is named here, before the server is dialled
     shard_digests(Path(options.data), state, verified=True)  # cached: the first task then starts at once
-    (state / "DONE").unlink(missing_ok=True)
+    for word in (DONE_FILE, REFUSED_FILE):  # the server's word from an earlier session
+        (state / word).unlink(missing_ok=True)
     node_config = " ".join(f"{k}={json.dumps(v)}" for k, v in {
         "name": name, "data": str(Path(options.data).resolve()), "state": str(state.resolve()),
-        "cpu": options.cpu, "precision": options.precision, "grad-accum": options.grad_accum}.items())
+        "cpu": options.cpu, "precision": options.precision, "grad-accum": options.grad_accum,
+        "memory-cap-gb": options.memory_cap_gb or 0}.items())
     command = [str(BIN / "flower-supernode"), "--superlink", options.server, "--host", "127.0.0.1", "--port",
                str(free_port()), "--node-config", node_config]
     command += (["--root-certificates", str(keys[0].resolve()), "--auth-supernode-private-key", str(keys[1].resolve())]
@@ -333,9 +335,12 @@ def join(options: JoinOptions, show=print) -> int:
             if any("SuperNode ID:" in line for line in follow()):  # accepted (again): a refusal starts a new streak
                 refused_since = waiting_since = None
                 accepted.write_text(options.server + "\n")
-            if (state / "DONE").exists() and not options.stay:
+            if (state / DONE_FILE).exists() and not options.stay:
                 show(f"# the server says the run is over; {name} leaves")
                 return 0
+            if (state / REFUSED_FILE).exists():
+                raise ResourceError(f"the server offers {name} no more tasks: "
+                                    f"{(state / REFUSED_FILE).read_text(encoding='utf-8').strip()}")
             if waiting_since is not None and time.time() - waiting_since > options.wait_minutes * 60:
                 raise FlowerFailed(f"no server accepted {name} at {options.server} for {options.wait_minutes:g} min "
                                    f"(is `hitoban federate serve` running there, and its port reachable?):\n"

@@ -63,6 +63,8 @@ class JoinOptions(Checked):
     cpu: bool = same_as(TrainingOptions, "cpu")
     precision: str = same_as(TrainingOptions, "precision")
     grad_accum: int = same_as(TrainingOptions, "grad_accum")
+    memory_cap_gb: float | None = option(None, "use at most this much memory (GiB): a task whose step needs more is "
+                                               "refused before it trains, and the server is told why", above=0)
     wait_minutes: float = option(60.0, "leave (exit 1) when no server has accepted this machine this long after it "
                                        "(re)started dialling", above=0)
     stay: bool = option(False, "keep serving after the run ends (default: leave when the server says it is done)")

@@ -22,6 +22,9 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from hitoban.training.federated.tasks import Task
 
 DELTA, METRICS, TASK = "delta", "metrics", "task"  # the record names of a machine's reply
+# a machine's error replies, by code: shards that differ from the server's, a delta that is not finite, weights whose
+# sha256 does not match (sent in full next time), a task it cannot hold in memory
+ERROR_SHARDS, ERROR_DIVERGED, ERROR_WEIGHTS, ERROR_MEMORY = 4001, 4002, 4003, 4004
 WEIGHT = "num-examples"  # Flower's weighting key: here the tokens the delta was trained on
 DELTA_DTYPES = ("float16", "float32")  # bf16 cannot travel (numpy has no bf16): machines send fp16
 

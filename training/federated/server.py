@@ -4,11 +4,13 @@ Each round: wait for machines, give each a task sized from its measured tokens/s
 the global weights and the task, collect the replies within the lease, refuse what must not be averaged
 (`outer.refusal`: an error, a stranger, a wrong shape or dtype, a non-finite delta), return lost tasks to the queue,
 apply the outer step, and save the global model, the outer momentum and the queue as an A/B checkpoint
-(training/pretrain/checkpoint.py, the night's own). Killed and started again with the same command, the server
-loads the last checkpoint and re-runs the round it was in: tasks are complete only once averaged in, so every
-token of the budget is trained exactly once in the final model. The run folder is an ordinary run's: final/ (a
-`from_pretrained` folder with tokenizer and lineage.json naming the federated run), log.jsonl, heartbeat.json,
-summary.json.
+(training/pretrain/checkpoint.py, the night's own). A machine that cannot train the run is no longer offered tasks,
+and told why: one that cannot hold the step in memory at once, one that fails the same range twice or three tasks
+in a row; a run that no connected machine can train stops with NoMachineCanTrain. Killed and started again with
+the same command, the server loads the last checkpoint and re-runs the round it was in: tasks are complete only
+once averaged in, so every token of the budget is trained exactly once in the final model. The run folder is an
+ordinary run's: final/ (a `from_pretrained` folder with tokenizer and lineage.json naming the federated run),
+log.jsonl, heartbeat.json, summary.json.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
-from hitoban.errors import UsageError
+from hitoban.errors import ResourceError, UsageError
 from hitoban.provenance import read_lineage, write_json
 from hitoban.training.data.reader import ShardReader
 from hitoban.training.data.shards import load_index, sha256_file
@@ -37,7 +39,17 @@ from hitoban.training.federated.downlink import (
 )
 from hitoban.training.federated.inner import trajectory_of
 from hitoban.training.federated.options import ServeOptions
-from hitoban.training.federated.outer import DELTA, METRICS, TASK, DiLoCo, refusal, shared_tensors
+from hitoban.training.federated.outer import (
+    DELTA,
+    ERROR_MEMORY,
+    ERROR_SHARDS,
+    ERROR_WEIGHTS,
+    METRICS,
+    TASK,
+    DiLoCo,
+    refusal,
+    shared_tensors,
+)
 from hitoban.training.federated.tasks import Task, TaskQueue, slice_windows
 from hitoban.training.pretrain.checkpoint import (
     TrainState,
@@ -52,6 +64,11 @@ from hitoban.training.pretrain.resume import trajectory_fingerprint
 OPTIONS_FILE = "federate.json"  # the server's options, written by `federate serve`, read by the ServerApp
 DONE = "done"  # the message type's config value that tells a machine the run is over
 FEDERATED_KEYS = ("tokens", "inner_steps", "probe_steps", "outer_lr", "outer_momentum")
+SAME_RANGE_FAILURES, FAILURES_IN_A_ROW = 2, 3  # a machine failing this often is offered no more tasks
+
+
+class NoMachineCanTrain(ResourceError):
+    """Every connected machine has been refused: the run would wait, or re-issue the same task, for ever."""
 
 
 def plan_budget(options: ServeOptions, train: ShardReader) -> tuple:
@@ -109,7 +126,11 @@ class Server:
         # fp16 outer update of the last round; neither is saved: after a resume every machine gets the weights
         self.held: dict[int, int] = {}
         self.last_update: tuple[int, dict, dict] | None = None  # (round it leads to, fp16 update, scales)
-        self.refused_nodes: dict[str, str] = {}
+        self.refused_nodes: dict[str, str] = {}  # node -> why: shards that differ (kept through resumes)
+        # node -> why: a machine that cannot train this run (memory, repeated failures). Not kept through a resume: a
+        # restarted server offers every machine tasks again (one rejoined with --grad-accum, say)
+        self.excluded: dict[str, str] = {}
+        self.failures: dict[str, dict] = {}  # node -> {"start", "same", "in_a_row"}: its recent lost tasks
         self.rounds_log: list[dict] = []
         self.resumed = self._resume()
 
@@ -163,7 +184,14 @@ class Server:
     def _wait_for_machines(self, grid) -> list[int]:
         deadline = time.time() + self.options.wait_minutes * 60
         while True:
-            nodes = sorted(n for n in grid.get_node_ids() if str(n) not in self.refused_nodes)
+            connected = sorted(grid.get_node_ids())
+            nodes = [n for n in connected if str(n) not in self.refused_nodes and str(n) not in self.excluded]
+            if connected and not nodes:
+                reasons = "; ".join(f"{self._name(n)}: {self.refused_nodes.get(str(n)) or self.excluded[str(n)]}"
+                                    for n in connected)
+                raise NoMachineCanTrain(f"no connected machine can train this run ({reasons}); join one that can "
+                                        "(or lower --batch-size), then start the server again with the same command "
+                                        "(it resumes)")
             if len(nodes) >= self.options.min_machines:
                 return nodes
             if time.time() > deadline:
@@ -253,8 +281,11 @@ class Server:
             self._refuse(round_, node, why, task)
             self.held.pop(node, None)  # what it holds now is unknown: the weights in full next time
             self.queue.lose(task, self._name(node), why, down[node])
-            if reply is not None and reply.has_error() and "ShardMismatch" in reply.error.reason:
+            code = reply.error.code if reply is not None and reply.has_error() else None
+            if code == ERROR_SHARDS:
                 self.refused_nodes[str(node)] = reply.error.reason  # never given a task again
+            elif code != ERROR_WEIGHTS:  # weights that did not match go in full next time: not its failure
+                self._count_failure(grid, round_, node, task, why, at_once=code == ERROR_MEMORY)
         if accepted:
             self.strategy.aggregate_train(round_, [reply for reply, _ in accepted])
         self._round_the_step(current, round_)
@@ -267,6 +298,7 @@ class Server:
             up = reply.content.array_records[DELTA].count_bytes()
             self.queue.complete(task, self._name(node), float(metrics["seconds"]), up, down[node])
             self.held[node] = version  # it checked the weights' sha256 before training from them
+            self.failures.pop(str(node), None)
             round_tokens += task.windows * self.context
         self.state.step = round_
         self.state.tokens_seen = self.queue.completed_windows * self.context
@@ -280,6 +312,29 @@ class Server:
         self.rounds_log.append(record)
         self._record(record)
         self._heartbeat(seconds, record)
+
+    def _count_failure(self, grid, round_: int, node: int, task: Task, why: str, at_once: bool) -> None:
+        """A lost task counts against its machine: one that cannot hold the step (`at_once`), fails the same range
+        twice, or loses three tasks in a row is offered no more, and told why. Without this a machine that cannot
+        train got the same range back every round, and with one machine the run never ended."""
+        seen = self.failures.get(str(node))
+        same = seen["same"] + 1 if seen is not None and seen["start"] == task.start else 1
+        in_a_row = seen["in_a_row"] + 1 if seen is not None else 1
+        self.failures[str(node)] = {"start": task.start, "same": same, "in_a_row": in_a_row}
+        if at_once:
+            self._exclude(grid, round_, node, why)
+        elif same >= SAME_RANGE_FAILURES:
+            self._exclude(grid, round_, node, f"it failed windows [{task.start:,}, ...) {same} times; last: {why}")
+        elif in_a_row >= FAILURES_IN_A_ROW:
+            self._exclude(grid, round_, node, f"it lost {in_a_row} tasks in a row; last: {why}")
+
+    def _exclude(self, grid, round_: int, node: int, why: str) -> None:
+        self.excluded[str(node)] = why
+        self.log(f"round {round_}: {self._name(node)} is offered no more tasks: {why}")
+        self._record({"type": "excluded", "round": round_, "node": node, "machine": self._name(node), "why": why})
+        told = Message(RecordDict({TASK: ConfigRecord({"run-id": self.state.run_id, "refused": why})}),
+                       dst_node_id=node, message_type=MessageType.QUERY)
+        list(grid.send_and_receive([told], timeout=30))  # best effort: a machine that misses it just idles
 
     def _refuse(self, round_: int, node: int, why: str, task: Task | None = None) -> None:
         lost = f"; its task {task.task_id} goes back to the queue" if task is not None else ""
@@ -367,6 +422,7 @@ class Server:
                    "per_machine": {name: {**t, "tokens": t["windows"] * self.context}
                                    for name, t in queue.per_node.items()},
                    "reissued": queue.reissued, "refused_nodes": self.refused_nodes,
+                   "excluded_machines": {self._name(int(n)): why for n, why in self.excluded.items()},
                    "session_seconds": round(time.time() - started, 1),
                    "elapsed_hours": round(self.state.elapsed_sec / 3600, 4),
                    "final_weights_sha256": final.get("weights_sha256"), "final_step": final.get("step")}

@@ -16,10 +16,10 @@ pytest.importorskip("flwr", reason="the federated extra: pip install 'hitoban[fe
 
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
-from hitoban.training.federated.client_app import PLANT_NAN_ENV, train_reply  # noqa: E402
-from hitoban.training.federated.inner import Machine  # noqa: E402
+from hitoban.training.federated.client_app import PLANT_NAN_ENV, query_reply, train_reply  # noqa: E402
+from hitoban.training.federated.inner import REFUSED_FILE, Machine  # noqa: E402
 from hitoban.training.federated.options import ServeOptions  # noqa: E402
-from hitoban.training.federated.server import OPTIONS_FILE, Server  # noqa: E402
+from hitoban.training.federated.server import OPTIONS_FILE, NoMachineCanTrain, Server  # noqa: E402
 
 TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 1  # what a ServerApp process has set
 CTX, BATCH, STEPS = 64, 8, 12
@@ -43,8 +43,8 @@ class LocalGrid:
 
     def send_and_receive(self, messages, timeout=None):
         messages = list(messages)
-        if messages and messages[0].metadata.message_type != "train":
-            return []
+        if messages and messages[0].metadata.message_type != "train":  # the server's word: done, or refused
+            return [query_reply(self.machines[m.metadata.dst_node_id].state, m) for m in messages]
         self.round += 1
         if self.round == self.crash_at:
             raise Crash
@@ -177,3 +177,53 @@ def test_a_server_with_plain_averaging_resumes_bit_for_bit(tiny_shards, tmp_path
         start(tiny_shards, run, **fixed).serve(LocalGrid(machines(tiny_shards, tmp_path / "m"), crash_at=3))
     again = start(tiny_shards, run, **fixed).serve(LocalGrid(machines(tiny_shards, tmp_path / "m")))
     assert again["resumes"] == 1 and again["final_weights_sha256"] == whole["final_weights_sha256"]
+
+
+def lone_failures(failure: str) -> dict:
+    """A LocalGrid's arguments for a lone machine (node 10) that fails every task in one way."""
+    return {"silent": {(r, 10) for r in range(1, 100)}} if failure == "silent" else (
+        {"nan": {10}} if failure == "nan" else {})
+
+
+@pytest.mark.timeout(300)  # today's code re-issued the task to the same machine for ever
+@pytest.mark.parametrize("failure", ["memory", "nan", "silent"])
+def test_a_run_that_no_connected_machine_can_train_stops_with_a_named_error(tiny_shards, tmp_path, failure):
+    """Issue 34: a machine that cannot train (a step that does not fit its memory, a delta that is never finite, a
+    lease it always misses) got its range back every round, and with one machine the run never ended. Whatever the
+    failure, the machine is offered no more tasks and told why, and the run stops, naming it."""
+    machine = Machine(tiny_shards, tmp_path / "a", "a", cpu=True, memory_cap_gb=1e-3 if failure == "memory" else None)
+    server = start(tiny_shards, tmp_path / "run")
+    with pytest.raises(NoMachineCanTrain, match="no connected machine can train this run") as raised:
+        server.serve(LocalGrid({10: machine}, **lone_failures(failure)))
+    excluded = records(tmp_path / "run", "excluded")
+    assert len(excluded) == 1 and excluded[0]["node"] == 10 and excluded[0]["why"] in str(raised.value)
+    told = (tmp_path / "a" / REFUSED_FILE).read_text()
+    assert told.strip() == excluded[0]["why"]
+    if failure == "memory":
+        assert "cannot hold this run" in told and "GiB" in told
+        assert len(records(tmp_path / "run", "refused")) == 1  # refused at once: it never trained
+        assert not (tmp_path / "a" / "inner-optimizer.safetensors").exists()
+    else:
+        assert 2 <= len(records(tmp_path / "run", "refused")) <= 3
+
+
+def test_a_machine_that_cannot_hold_the_step_is_told_the_grad_accum_that_fits(tiny_shards, tmp_path):
+    """The preflight's advice is real: under the same memory cap, the --grad-accum it names trains the whole run
+    (beside it, a capable machine never stops the run when another is excluded)."""
+    from hitoban.training.data.reader import ShardReader
+    from hitoban.training.hardware import plan_for
+    from hitoban.training.pretrain.budget import estimate_memory_bytes
+    from hitoban.training.pretrain.options import shaped_config
+
+    config, _ = shaped_config("tiny", ShardReader(tiny_shards, "train").vocab_size, CTX)
+    need = {m: estimate_memory_bytes(config, m, CTX, plan_for("cpu").precision) for m in (1, 2, 4, 8)}
+    cap = need[2] / 0.9 / 2**30 * 1.01  # two rows at a time fit, four do not
+    assert need[4] > 0.9 * cap * 2**30
+    grid = LocalGrid({10: Machine(tiny_shards, tmp_path / "a", "a", cpu=True, memory_cap_gb=cap),
+                      11: Machine(tiny_shards, tmp_path / "b", "b", cpu=True)})
+    summary = start(tiny_shards, tmp_path / "run").serve(grid)
+    assert summary["tokens_seen"] == CTX * BATCH * STEPS and summary["per_machine"]["b"]["windows"] == BATCH * STEPS
+    assert "--grad-accum 4" in summary["excluded_machines"]["node-10"]  # never heard from by name: never trained
+    accumulating = Machine(tiny_shards, tmp_path / "a2", "a", cpu=True, memory_cap_gb=cap, grad_accum=4)
+    summary = start(tiny_shards, tmp_path / "run2").serve(LocalGrid({10: accumulating}))
+    assert summary["tokens_seen"] == CTX * BATCH * STEPS and not summary["excluded_machines"]
