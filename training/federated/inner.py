@@ -136,26 +136,21 @@ class Machine:
     def preflight(self, config, batch: int, context: int, precision: str, device: torch.device) -> None:
         """Refuse a task whose step (the night's estimate for the micro-batch this machine trains) needs more than
         90% of the memory free here, or of --memory-cap-gb: accepted, it would die with out-of-memory every time."""
-        from hitoban.training.hardware import available_memory_bytes
-        from hitoban.training.pretrain.budget import estimate_memory_bytes
+        from hitoban.training.pretrain.budget import estimate_memory_bytes, fits, memory_limit
 
-        free = available_memory_bytes(device)
-        limits = [b for b in (free, self.memory_cap_gb * 2**30 if self.memory_cap_gb else None) if b is not None]
-        if not limits:
-            return
-        have = min(limits)
+        have, what = memory_limit(device, self.memory_cap_gb)
         micro = batch // math.gcd(batch, self.grad_accum)
         need = estimate_memory_bytes(config, micro, context, precision)
-        if need <= 0.9 * have:
+        if have is None or fits(need, have):
             return
-        accumulate = fewest_accumulation_steps(batch, lambda m: estimate_memory_bytes(config, m, context, precision)
-                                               <= 0.9 * have)
+        accumulate = fewest_accumulation_steps(batch, lambda m: fits(estimate_memory_bytes(config, m, context,
+                                                                                          precision), have))
         advice = (f"join with --grad-accum {accumulate}" if accumulate is not None else
                   "even one row at a time does not fit: use a machine with more memory")
         raise DoesNotFit(f"{self.name} cannot hold this run: a step of {micro} rows x {context} tokens of "
                          f"{config.num_hidden_layers}x{config.hidden_size} (vocab {config.vocab_size:,}, {precision}) "
-                         f"needs about {need / 2**30:.2f} GiB and {have / 2**30:.2f} GiB are "
-                         f"{'allowed by --memory-cap-gb' if have != free else 'free'} on {device.type}; {advice}")
+                         f"needs about {need / 2**30:.2f} GiB and {have / 2**30:.2f} GiB are {what} on {device.type}; "
+                         f"{advice}")
 
     def _train(self, weights, task, options, config, context, plan, accelerator) -> TaskResult:
         from hitoban.modeling import HitobanForCausalLM

@@ -116,6 +116,19 @@ def step_peak_bytes(config: HitobanConfig, micro_batch: int, context: int, accel
     return max(sum(s) for s in sizes), "profiler memory timeline"
 
 
+def memory_limit(device: torch.device, cap_gb: float | None = None) -> tuple[int | None, str]:
+    """(bytes a run may use on `device`, what that number is): the free memory, or `cap_gb` where that is lower;
+    (None, "") where neither is known (no psutil on a CPU): no preflight rather than a wrong one."""
+    limits = [(available_memory_bytes(device), "free"),
+              (cap_gb * 2**30 if cap_gb else None, "allowed by --memory-cap-gb")]
+    return min(((b, w) for b, w in limits if b is not None), default=(None, ""))
+
+
+def fits(need: int, have: int) -> bool:
+    """A step fits in 90% of what it may use: the rest is the allocator's fragmentation and the runtime's own."""
+    return need <= 0.9 * have
+
+
 def memory_preflight(cfg: PretrainConfig, config: HitobanConfig, device: torch.device, micro: int, context: int,
                      precision: str) -> None:
     """Refuse a run whose estimate exceeds what it may use: free memory, or --memory-cap-gb when that is lower."""
@@ -124,10 +137,9 @@ def memory_preflight(cfg: PretrainConfig, config: HitobanConfig, device: torch.d
                  else torch.mps.recommended_max_memory())
         fraction = min(1.0, cfg.memory_cap_gb * 2**30 / total)
         (torch.cuda if device.type == "cuda" else torch.mps).set_per_process_memory_fraction(fraction)
-    need, free = estimate_memory_bytes(config, micro, context, precision), available_memory_bytes(device)
-    limits = [(free, "free"), (cfg.memory_cap_gb * 2**30 if cfg.memory_cap_gb else None, "allowed by --memory-cap-gb")]
-    have, what = min(((b, w) for b, w in limits if b is not None), default=(None, ""))
-    if have is not None and need > 0.9 * have and not cfg.skip_memory_check:
+    need = estimate_memory_bytes(config, micro, context, precision)
+    have, what = memory_limit(device, cfg.memory_cap_gb)
+    if have is not None and not fits(need, have) and not cfg.skip_memory_check:
         raise ResourceError(f"this run needs about {need / 2**30:.1f} GiB but {have / 2**30:.1f} GiB are {what} on "
                             f"{device}; lower --batch-size (or use --grad-accum), close other programs, or pass "
                             "--skip-memory-check")

@@ -3,7 +3,9 @@
 For each (preset, batch) candidate: a fresh model and the night's optimizer (Muon unless told), warm-up steps
 untimed, then timed real steps (the night's `train_step`: forward, backward, clip, update) on real batches; tokens
 in the night = tok/s x hours x HOURS_USABLE (10% kept for eval and saves); D/N = tokens / non-embedding parameters.
-The candidate closest to D/N 20 (Chinchilla) wins and its exact `hitoban pretrain` command is printed.
+The candidate closest to D/N 20 (Chinchilla) wins and its exact `hitoban pretrain` command is printed. A candidate
+whose step the night's memory preflight would refuse (estimate against free memory or --memory-cap-gb) is listed as
+not fitting and not measured: measured, it would die with out-of-memory and take the table with it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hitoban.errors import ResourceError
 from hitoban.modeling import HitobanForCausalLM
 from hitoban.modeling.loading import device_for
 from hitoban.provenance import write_json
@@ -138,6 +141,7 @@ def calibrate(options: CalibrateOptions, log=print) -> dict:
     """Measure each "PRESET:BATCH" candidate with the real training step and pick the night's run; with
     `options.out`, also write the result there as JSON."""
     from hitoban.training.data.reader import ShardReader
+    from hitoban.training.pretrain.budget import estimate_memory_bytes, fits, memory_limit  # budget imports this module
 
     o = options
     device = device_for(o.cpu)
@@ -150,10 +154,19 @@ def calibrate(options: CalibrateOptions, log=print) -> dict:
     data = ShardReader(o.data) if o.data else None
     vocab_size = data.vocab_size if data is not None else o.vocab_size
     usable = o.hours * 3600 * HOURS_USABLE
-    results = []
+    results, skipped = [], []
+    have, what = memory_limit(device, o.memory_cap_gb)
     for candidate in o.candidate:
         preset, _, batch = candidate.partition(":")
         batch = int(batch or 32)
+        config, context = shaped_config(preset, vocab_size, o.context)
+        need = estimate_memory_bytes(config, batch, context, precision)
+        if have is not None and not fits(need, have):
+            skipped.append({"label": f"{preset} b{batch}", "estimate_gb": round(need / 2**30, 2),
+                            "limit_gb": round(have / 2**30, 2), "limit": what})
+            log(f"  {preset + ' b' + str(batch):<14} does not fit: needs about {need / 2**30:.2f} GiB, "
+                f"{have / 2**30:.2f} GiB {what} (skipped)")
+            continue
         compiled, _ = choose_compile(o.compile, facts, usable, lambda preset=preset, batch=batch: compile_gain(
             preset, batch, vocab_size, o.context, accelerator, data, o.optimizer, plan.muon_dtype))
         row = measure(preset, batch, vocab_size, o.context, o.steps, o.warmup, accelerator, data,
@@ -167,6 +180,10 @@ def calibrate(options: CalibrateOptions, log=print) -> dict:
             f"{row['tok_per_sec']:>10,.0f} tok/s ±{row['spread'] / 2:4.0%} {row['peak_gb']:6.2f} GB "
             f"{row['tokens_in_budget']:>15,} tokens D/N {row['d_over_n']:7.1f} {row['steps_in_budget']:>9,} steps "
             f"({row['steps_timed']} steps timed)")
+    if not results:
+        needs = ", ".join(f"{r['label']} needs {r['estimate_gb']} GiB" for r in skipped)
+        raise ResourceError(f"none of the candidates fits on {device.type} ({needs}; {have / 2**30:.2f} GiB "
+                            f"{what}): give smaller ones, e.g. --candidate tiny:8 --candidate small:8")
     best = min(results, key=lambda r: abs(r["d_over_n"] - 20))
     night = argv_for(PretrainConfig, data=o.data or "SHARDS", out="runs/night", preset=best["preset"],
                      batch_size=best["batch"], context=best["context"], tokens=best["tokens_in_budget"],
@@ -181,7 +198,8 @@ def calibrate(options: CalibrateOptions, log=print) -> dict:
     result = {"kind": "calibration", "schema": 1, "hours": o.hours, "usable_seconds": usable, "device": device.type,
               "precision": precision, "device_plan": plan.record(),
               "sureness": sureness, "vocab_size": vocab_size, "measured_steps": o.steps,
-              "warmup_steps": o.warmup, "results": results, "selected": best["label"], "command": command}
+              "warmup_steps": o.warmup, "results": results, "skipped": skipped, "selected": best["label"],
+              "command": command}
     if o.out:
         write_json(o.out, result)
     return result

@@ -131,6 +131,8 @@ class CalibrateOptions(Checked):
                            "would compile (auto: the night's own choice for a run of --hours on this machine); the "
                            "compile time is excluded, as --hours does")
     cpu: bool = same_as(TrainingOptions, "cpu")
+    memory_cap_gb: float | None = same_as(TrainingOptions, "memory_cap_gb", help="measure only the candidates whose "
+                                          "estimated memory fits in this much (GiB) as well as in what is free")
     hours: float = option(8.0, "length of the night", above=0)
     candidate: list[str] = option(help="PRESET:BATCH to measure; repeatable (default: " + " ".join(CANDIDATES) + ")",
                                   factory=lambda: list(CANDIDATES), repeat=True, metavar="PRESET:BATCH")

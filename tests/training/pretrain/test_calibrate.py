@@ -19,3 +19,28 @@ def test_calibrate_measures_candidates_and_picks_d_over_n_near_20(tiny_shards):
     best = min(result["results"], key=lambda r: abs(r["d_over_n"] - 20))
     assert result["selected"] == best["label"] and f"--tokens {best['tokens_in_budget']}" in result["command"]
     assert "so the night holds" in result["sureness"]
+
+
+def test_candidates_that_do_not_fit_are_listed_and_skipped_and_none_fitting_is_an_error(tiny_shards):
+    """Issue 34: the default candidates include 3lm:48 and zxell-s:16, which a 12 GB card cannot hold; measured,
+    they died with out-of-memory and nothing was written. Each candidate's estimate is held against the cap: the
+    ones over it are listed as not fitting, not measured."""
+    import pytest
+
+    from hitoban.errors import ResourceError
+    from hitoban.training.data.reader import ShardReader
+    from hitoban.training.hardware import plan_for
+    from hitoban.training.pretrain.budget import estimate_memory_bytes
+    from hitoban.training.pretrain.options import shaped_config
+
+    config, context = shaped_config("tiny", ShardReader(tiny_shards).vocab_size)
+    need = {b: estimate_memory_bytes(config, b, context, plan_for("cpu").precision) for b in (4, 64)}
+    cap = (need[4] + need[64]) / 2 / 0.9 / 2**30  # tiny:4 fits, tiny:64 does not
+    options = CalibrateOptions(candidate=["tiny:4", "tiny:64"], hours=0.01, data=str(tiny_shards), steps=1,
+                               warmup=0, cpu=True, memory_cap_gb=cap)
+    result = calibrate(options, log=lambda *_: None)
+    assert [r["label"] for r in result["results"]] == ["tiny b4"]
+    assert [r["label"] for r in result["skipped"]] == ["tiny b64"]
+    assert result["skipped"][0]["estimate_gb"] > result["skipped"][0]["limit_gb"] * 0.9
+    with pytest.raises(ResourceError, match="none of the candidates fits"):
+        calibrate(CalibrateOptions(**{**options.__dict__, "candidate": ["tiny:64"]}), log=lambda *_: None)
