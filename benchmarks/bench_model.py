@@ -184,6 +184,8 @@ def main() -> None:
     parser.add_argument("--json", help="also write the table here")
     parser.add_argument("--device", help="cuda, mps or cpu (default: the best present)")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile'd training steps")
+    parser.add_argument("--no-space", action="store_true",
+                        help="leave out the Space's decode row (spaces/app.py imports gradio)")
     args = parser.parse_args()
     global DEVICE
     from hitoban.modeling.loading import device_for
@@ -283,7 +285,7 @@ def main() -> None:
                  "llama": args.new_tokens / best["llama"], "ratio": ratio})
     if default == "bf16":  # `hitoban chat` and the Space load bf16 weights here: both against plain fp32 generate
         fp32_generate = args.new_tokens / best["llama"]
-        space = load_space_app()
+        space = None if args.no_space else load_space_app()
 
         def time_space():
             sync()
@@ -293,9 +295,12 @@ def main() -> None:
             return time.perf_counter() - start
 
         ours.to(torch.bfloat16)  # once, for both loops, interleaved round by round (alternate's two slots)
-        best_bf16, _ = alternate({"hitoban": time_decode, "llama": time_space}, args.repeats)
+        loops = {"hitoban": time_decode, "llama": time_decode if space is None else time_space}
+        best_bf16, _ = alternate(loops, args.repeats)
         ours.to(torch.float32)
-        for row, loop in (("chat bf16 vs generate fp32 b1", "hitoban"), ("Space bf16 vs generate fp32 b1", "llama")):
+        shown = (("chat bf16 vs generate fp32 b1", "hitoban"),) + (
+            () if space is None else (("Space bf16 vs generate fp32 b1", "llama"),))
+        for row, loop in shown:
             tok_s = args.new_tokens / best_bf16[loop]
             rows.append({"row": row, "unit": "tok/s", "hitoban": tok_s, "llama": fp32_generate,
                          "ratio": fp32_generate and tok_s / fp32_generate})

@@ -36,7 +36,6 @@ TRAINER_RUN = r'''
 import json, sys, time
 started = float(sys.argv[5])
 import numpy as np, torch
-from datasets import Dataset
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 corpus, tok_dir, out, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 tok = AutoTokenizer.from_pretrained(tok_dir)
@@ -44,7 +43,13 @@ texts = [json.loads(line)["text"] for line in open(corpus, encoding="utf-8")]
 ids = [i for enc in tok(texts, add_special_tokens=False)["input_ids"] for i in enc + [tok.eos_token_id]]
 block = 256  # run_clm's group_texts: contiguous blocks, labels = inputs (the model shifts them)
 blocks = np.array(ids[: len(ids) // block * block]).reshape(-1, block)
-data = Dataset.from_dict({"input_ids": blocks.tolist(), "labels": blocks.tolist()})
+class Blocks(torch.utils.data.Dataset):  # a plain torch Dataset: `datasets` is not needed to train
+    def __len__(self):
+        return len(blocks)
+    def __getitem__(self, i):
+        row = torch.as_tensor(blocks[i], dtype=torch.long)
+        return {"input_ids": row, "labels": row}
+data = Blocks()
 config = LlamaConfig(vocab_size=len(tok), hidden_size=256, intermediate_size=640, num_hidden_layers=4,
                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
                      tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=10000.0,
@@ -81,7 +86,7 @@ def compressor_bpc(text: str) -> dict:
     return rows
 
 
-def prepare(corpus: Path, out: Path) -> tuple[Path, dict[str, Path]]:
+def prepare(corpus: Path, out: Path, near_dup: float = 0.85) -> tuple[Path, dict[str, Path]]:
     """Corpus of up to 120 Aozora works, tokenizer (vocab 8000), shards; held-out literature (the last 3 works) and
     web never trained on."""
     books = sorted((corpus / "literature").glob("*.txt"))
@@ -98,7 +103,7 @@ def prepare(corpus: Path, out: Path) -> tuple[Path, dict[str, Path]]:
     cli = [sys.executable, "-m", "hitoban.cli"]
     if not (out / "shards").exists():
         run(cli + ["corpus", "--input", str(out / "books"), "--doc-per-file", "--out", str(out / "corpus"),
-                   "--license", "public domain (Aozora Bunko)"])
+                   "--license", "public domain (Aozora Bunko)", "--near-dup", str(near_dup)])
         run(cli + ["tokenizer", "--corpus", str(out / "corpus"), "--out", str(out / "tok"), "--vocab-size", "8000"])
         run(cli + ["shards", "--corpus", str(out / "corpus"), "--tokenizer", str(out / "tok"), "--out",
                    str(out / "shards"), "--context", "256"])
@@ -129,12 +134,14 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=983_040, help="the Trainer's token budget (240 x 16 x 256)")
     parser.add_argument("--corpus", help="corpus folder (default: the larger corpus if present, else tests/corpus)")
     parser.add_argument("--out", default="bench-night")
+    parser.add_argument("--near-dup", type=float, default=0.85,
+                        help="the corpus's near-duplicate threshold (0: off, where datasketch is not installed)")
     parser.add_argument("--runs", nargs="+", choices=["same", "two-thirds", "hours-muon", "hours-adamw"],
                         default=["same", "two-thirds", "hours-muon", "hours-adamw"],
                         help="which hitoban runs beside the Trainer's (default: all four)")
     args = parser.parse_args()
     out = Path(args.out)
-    shards, domains = prepare(pick_corpus(args.corpus)[0], out)
+    shards, domains = prepare(pick_corpus(args.corpus)[0], out, args.near_dup)
     steps = args.tokens // (16 * 256)
     trainer_out = out / "runs" / "trainer-llama"
     shutil.rmtree(trainer_out, ignore_errors=True)

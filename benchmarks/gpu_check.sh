@@ -1,32 +1,39 @@
 #!/usr/bin/env bash
-# The GPU check on an offline GPU machine with its own Python and CUDA torch (see benchmarks/gpu_check.py):
-# a virtualenv that sees the machine's torch, hitoban and the wheels it lacks from gpu-wheels/ (--no-index: nothing
-# is downloaded), then every stage, each with its time limit. Results: OUT/gpu_check.md (+ a log per stage).
+# The GPU check, in two commands of at most 8 minutes each (a lent GPU gives 10 minutes a command, 15 in all):
 #
-#     bash benchmarks/gpu_check.sh OUT [STAGE ...]      # stages: env doctor pretrain killtest model night
+#     bash benchmarks/gpu_check.sh OUT first     # install, env, data, doctor, a 3lm-shape night: tok/s and MFU
+#     bash benchmarks/gpu_check.sh OUT second    # install (already there: seconds), the 3lm kill test,
+#                                                # bench_model --compile, bench_night
+#
+# The install is offline: a virtualenv that sees the machine's own Python packages (its CUDA torch above all) gets
+# benchmarks/gpu_requirements.txt from the wheels in $HITOBAN_WHEELS (default gpu-wheels/, made by
+# benchmarks/gpu_wheels.sh) with --no-index, and hitoban from this checkout. Every stage writes OUT/gpu_check.md and
+# .json as it ends, so a command cut short still returns what ran. `--rehearsal` (after the part) runs the same
+# stages on the CPU at small sizes: benchmarks/gpu_rehearsal.py does that in an environment holding nothing but
+# torch and these wheels.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${1:-${OUT:-gpu-out}}"
-shift || true
+out="${1:?usage: gpu_check.sh OUT first|second [--rehearsal]}"
+part="${2:?usage: gpu_check.sh OUT first|second [--rehearsal]}"
+shift 2
+begun=$(date +%s)
+budget="${HITOBAN_GPU_CHECK_SECONDS:-480}"  # the whole command, install included
 wheels="${HITOBAN_WHEELS:-gpu-wheels}"
 mkdir -p "$out"
-python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available())" \
-    | tee "$out/torch.txt"
-if python3 -c 'import sys; sys.exit(sys.prefix != sys.base_prefix)'; then
-    # a system or conda Python: a virtualenv that still sees the machine's torch and whatever else it has
+if ! python3 -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
+    # not in a virtualenv: one that still sees the machine's torch and whatever else it has
     [ -d .gpu-venv ] || python3 -m venv --system-site-packages .gpu-venv
     . .gpu-venv/bin/activate
-fi  # (already in a virtualenv: install beside its torch)
-started=$(date +%s)
-# only what is missing or too old: the machine's own packages (torch above all) stay
-pip install --quiet --no-index --find-links "$wheels" setuptools "transformers==5.24.*" "accelerate>=1.10" "tokenizers>=0.22" \
-    "safetensors>=0.5" "sentencepiece>=0.2" "protobuf>=4" "huggingface_hub>=1.0" "tqdm>=4.66" psutil \
-    > "$out/install.log" 2>&1 || { echo "install failed: see $out/install.log"; tail -20 "$out/install.log"; }
-pip install --quiet --no-index --no-deps --no-build-isolation -e . >> "$out/install.log" 2>&1 \
-    || { echo "hitoban install failed: see $out/install.log"; tail -20 "$out/install.log"; }
-echo "install: $(( $(date +%s) - started )) s" | tee -a "$out/install.log"
-if [ "$#" -gt 0 ]; then
-    python benchmarks/gpu_check.py --out "$out" --stages "$@"
-else
-    python benchmarks/gpu_check.py --out "$out"
 fi
+python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available())" \
+    | tee "$out/torch.txt" || { echo "no torch in $(command -v python)"; exit 1; }
+if ! pip install --no-index --find-links "$wheels" -r benchmarks/gpu_requirements.txt > "$out/install.log" 2>&1 \
+    || ! pip install --no-index --no-deps --no-build-isolation -e . >> "$out/install.log" 2>&1; then
+    echo "install failed (wheels from $wheels): see $out/install.log"
+    tail -20 "$out/install.log"
+    exit 1
+fi
+installed=$(( $(date +%s) - begun ))
+echo "install: $installed s" | tee -a "$out/install.log"
+exec python benchmarks/gpu_check.py --out "$out" --part "$part" --install-seconds "$installed" \
+    --seconds "$(( budget - installed ))" "$@"

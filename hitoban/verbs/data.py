@@ -31,7 +31,7 @@ def _corpus_args(p):
     p.add_argument("--max-chars", type=ranged(int, min=1), default=20_000, help="longer documents are truncated")
     p.add_argument("--min-ja-ratio", type=ranged(float, min=0, max=1), default=0.70,
                    help="documents with a smaller share of Japanese characters are rejected (3LM)")
-    p.add_argument("--near-dup", type=ranged(float, above=0, max=1), default=0.85,
+    p.add_argument("--near-dup", type=ranged(float, min=0, max=1), default=0.85,
                    help="MinHash-LSH Jaccard threshold for near-duplicates (0 turns it off)")
     p.add_argument("--keep-newlines", action="store_true", help="keep line breaks (3LM joins lines with spaces)")
     p.add_argument("--no-pii-mask", action="store_true", help="do not mask e-mails / phone numbers (not advised)")

@@ -203,3 +203,24 @@ def test_the_memory_row_measures_a_step_and_fails_an_estimate_without_its_logits
     monkeypatch.setattr(budget, "logits_bytes", lambda *args: 0)
     passed, detail, again = _memory(cpu=True)
     assert passed is False and "UNDERESTIMATED" in detail
+
+
+def test_every_value_the_help_promises_is_accepted():
+    """`--near-dup`'s help said "0 turns it off" and its check refused 0 ("must be above 0"). Every option of every
+    verb whose help names a value that turns it off ("0: off", "0 turns it off") accepts that value."""
+    import argparse
+    import re
+
+    from hitoban.cli import build_parser
+
+    promised = re.compile(r"\b(\d+(?:\.\d+)?)(?::| turns (?:it )?| disables)\s*off|\b(\d+(?:\.\d+)?) disables")
+    checked = 0
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for verb, parser in sub.choices.items():
+        for action in parser._actions:
+            for match in promised.finditer(action.help or ""):
+                value = match.group(1) or match.group(2)
+                converted = action.type(value) if action.type else value  # raises ArgumentTypeError if refused
+                assert float(converted) == float(value), (verb, action.option_strings)
+                checked += 1
+    assert checked >= 2  # --near-dup and --grad-clip at least: the scan reads the real help
