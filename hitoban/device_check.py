@@ -138,7 +138,8 @@ def _memory(cpu: bool):
     from hitoban.modeling import HitobanConfig
     from hitoban.modeling.loading import device_for
     from hitoban.training.hardware import plan_for
-    from hitoban.training.pretrain.budget import estimate_memory_bytes, logits_bytes, step_peak_bytes
+    from hitoban.training.pretrain.budget import step_peak_bytes
+    from hitoban.training.pretrain.memory import estimate_memory_bytes, logits_bytes
     from hitoban.training.step import make_accelerator, reset_accelerate_state
 
     plan = plan_for(device_for(cpu))

@@ -141,7 +141,7 @@ def calibrate(options: CalibrateOptions, log=print) -> dict:
     """Measure each "PRESET:BATCH" candidate with the real training step and pick the night's run; with
     `options.out`, also write the result there as JSON."""
     from hitoban.training.data.reader import ShardReader
-    from hitoban.training.pretrain.budget import estimate_memory_bytes, fits, memory_limit  # budget imports this module
+    from hitoban.training.pretrain.memory import estimate_memory_bytes, fits, memory_limit
 
     o = options
     device = device_for(o.cpu)
