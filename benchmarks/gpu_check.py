@@ -37,7 +37,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PARTS = {"first": ("env", "data", "doctor", "pretrain"), "second": ("data", "killtest", "model", "night")}
-LIMITS = {"env": 45, "data": 90, "doctor": 210, "pretrain": 150, "killtest": 180, "model": 120, "night": 150}
+LIMITS = {"env": 45, "data": 90, "doctor": 210, "pretrain": 150, "killtest": 180, "model": 150, "night": 150}
 MIN_STAGE_SECONDS = 15  # a stage with less than this left is reported as not run, not started to be killed
 
 ENV = r"""
@@ -145,8 +145,10 @@ def summarise(name: str, row: dict, out: Path) -> str:
             records = [json.loads(line) for line in (out / "night" / "log.jsonl").read_text().splitlines()]
             train = [r for r in records if r["type"] == "train"]
             mfu = f"{summary['mfu']:.1%}" if summary.get("mfu") is not None else "n/a"
+            # Val loss after many passes over a small corpus measures memorising, not the night: say how many.
             return (f"{summary['steps']} steps, {train[-1]['tok_per_sec']:,.0f} tok/s (last window), MFU {mfu} "
-                    f"median ({summary['mfu_peak']}), compiled {summary['compiled']}")
+                    f"median ({summary['mfu_peak']}), compiled {summary['compiled']}; val loss "
+                    f"{summary['best_val']:.3f} after {summary['passes']:.1f} passes over the training text")
         if name == "killtest":
             result = json.loads((out / "killtest" / "killtest.json").read_text())
             return (f"passed {result['passed']} ({result['mode']}): noise {result['noise']:.2e}, killed diff "

@@ -25,15 +25,15 @@ if ! python3 -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
     [ -d .gpu-venv ] || python3 -m venv --system-site-packages .gpu-venv
     . .gpu-venv/bin/activate
 fi
-python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available())" \
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available())" \
     | tee "$out/torch.txt" || { echo "no torch in $(command -v python)"; exit 1; }
-if ! pip install --no-index --find-links "$wheels" -r benchmarks/gpu_requirements.txt > "$out/install.log" 2>&1 \
-    || ! pip install --no-index --no-deps --no-build-isolation -e . >> "$out/install.log" 2>&1; then
+if ! python3 -m pip install --no-index --find-links "$wheels" -r benchmarks/gpu_requirements.txt > "$out/install.log" 2>&1 \
+    || ! python3 -m pip install --no-index --no-deps --no-build-isolation -e . >> "$out/install.log" 2>&1; then
     echo "install failed (wheels from $wheels): see $out/install.log"
     tail -20 "$out/install.log"
     exit 1
 fi
 installed=$(( $(date +%s) - begun ))
 echo "install: $installed s" | tee -a "$out/install.log"
-exec python benchmarks/gpu_check.py --out "$out" --part "$part" --install-seconds "$installed" \
+exec python3 benchmarks/gpu_check.py --out "$out" --part "$part" --install-seconds "$installed" \
     --seconds "$(( budget - installed ))" "$@"

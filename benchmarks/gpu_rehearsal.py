@@ -71,10 +71,28 @@ def fetch_wheels(wheels: Path) -> None:
 def build_env(env: Path) -> dict[str, str]:
     """A virtualenv without this machine's site-packages, torch linked in; returns the environment to run it."""
     subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
+    # venv's own old setuptools would shadow the one torch requires (linked below), as the GPU machine's does not
+    subprocess.run([str(env / "bin" / "python"), "-m", "pip", "uninstall", "-q", "-y", "setuptools"], check=True)
     purelib = Path(sysconfig.get_path("purelib", vars={"base": str(env), "platbase": str(env)}))
     (purelib / "torch-only.pth").write_text(str(torch_only_folder(env / "torch-only")) + "\n")
     keep = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    return {**keep, "VIRTUAL_ENV": str(env), "PATH": f"{env / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    path = os.pathsep.join([str(other_interpreters_pip(env / "other-pip")), str(env / "bin"), keep.get("PATH", "")])
+    return {**keep, "VIRTUAL_ENV": str(env), "PATH": path}
+
+
+def other_interpreters_pip(folder: Path) -> Path:
+    """A `pip` and `pip3` that belong to no interpreter the check runs, on PATH before the venv's own.
+
+    On the lent H200, python3 is /opt/torch/.venv's but the `pip` on PATH was another interpreter's: a bare `pip
+    install` saw none of torch's environment and failed. The check must install through `python3 -m pip`.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("pip", "pip3"):
+        shim = folder / name
+        shim.write_text("#!/bin/sh\necho \"$0: this pip belongs to another interpreter (as on the lent H200)\" >&2\n"
+                        "exit 1\n")
+        shim.chmod(0o755)
+    return folder
 
 
 def rehearse(out: Path, wheels: Path = WHEELS, parts: tuple[str, ...] = ("first", "second")) -> dict:

@@ -57,3 +57,35 @@ def test_a_part_out_of_time_reports_its_stages_as_not_run_and_fails(tmp_path):
     assert done.returncode == 1 and [s["exit"] for s in report["stages"]] == [None] * 4
     assert all(s["result"].startswith("not run") for s in report["stages"])
     assert "not run" in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_the_carried_requirements_pin_nothing_that_torch_itself_requires():
+    """The GPU machine's torch chooses its own requirements' versions: a pin beside them can conflict with a torch
+    we never ran (the first lent H200's torch 2.11 needs setuptools<82; the list pinned 84 and the install
+    stopped). Read from this machine's torch metadata, so a new requirement of torch's is caught too."""
+    from importlib.metadata import requires
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    required = [Requirement(text) for text in requires("torch") or []]
+    torchs = {canonicalize_name(r.name) for r in required if r.marker is None or r.marker.evaluate({"extra": ""})}
+    pinned = {canonicalize_name(Requirement(line).name)
+              for line in (REPO / "benchmarks" / "gpu_requirements.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#")}
+    assert "setuptools" in torchs  # the rule is checked against a requirement list that names the H200's conflict
+    assert not pinned & torchs, pinned & torchs
+
+
+def test_the_check_installs_with_its_own_interpreters_pip(tmp_path):
+    """On the H200 `pip` on PATH was another interpreter's; the rehearsal puts such a pip first, and the script
+    must never call a bare pip (negative control: the shim refuses)."""
+    import re
+    import subprocess
+
+    code = [line for line in (REPO / "benchmarks" / "gpu_check.sh").read_text().splitlines()
+            if not line.lstrip().startswith("#")]
+    assert not [line for line in code if re.search(r"(?<!-m )\bpip3?\s", line)], "gpu_check.sh calls a bare pip"
+    shims = load("gpu_rehearsal").other_interpreters_pip(tmp_path / "other")
+    refused = subprocess.run([str(shims / "pip"), "install", "x"], capture_output=True, text=True)
+    assert refused.returncode == 1 and "another interpreter" in refused.stderr

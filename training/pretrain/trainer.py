@@ -407,6 +407,7 @@ class Trainer:
         state, monitor = self.state, self.monitor
         summary = {"steps": state.step, "total_steps": self.total_steps, "tokens_seen": state.tokens_seen,
                    "skipped_steps": state.skipped_steps, "updates_applied": state.step - state.skipped_steps,
+                   "passes": round(state.tokens_seen / max(1, self.train_data.total_tokens), 3),
                    "best_val": state.best_val, "resumes": state.resumes, "stop_reason": stop_reason,
                    "elapsed_hours": round(self.elapsed() / 3600, 4),
                    "session_seconds": round(time.time() - started, 1),
