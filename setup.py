@@ -52,7 +52,10 @@ setup(
                 # hitoban federate and its tests (one environment with gradio: flwr pins fastapi/starlette)
                 "flwr>=1.42,<1.43", "sentencepiece<0.2.3",
                 # --report-to tensorboard / trackio and their tests (the event files and trackio's store read back)
-                "tensorboard>=2.16", "trackio>=0.40"],
+                "tensorboard>=2.16", "trackio>=0.40",
+                # the W&B (offline) and MLflow (a local sqlite store: SQLAlchemy + alembic) resume test, run
+                # without network: mlflow-skinny is the client alone (~35 MB with wandb, ~15 s to install)
+                "wandb>=0.19", "mlflow-skinny>=2.16", "sqlalchemy>=2", "alembic>=1.13"],
         "lora": ["peft>=0.13"],  # hitoban sft/tone --lora
         "gguf": ["gguf>=0.17"],  # hitoban export-gguf
         # hitoban federate: several machines on Flower (its Message API and HTTP SuperLink are 1.42's)

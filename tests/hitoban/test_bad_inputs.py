@@ -1,7 +1,8 @@
 """Every bad input named (issue 25): a table of (verb, arguments, exit code, words the message must contain), each
 answered in one line with its exit code, never a traceback, and nothing that existed before the call changed; a
-property test over numeric option values; and the negative control, a verb with its validation removed, which the
-same judge must fail."""
+property test where each out-of-range numeric value is the only bad input of an otherwise valid night (issue 35: it
+used to pass a missing --data, refused whatever the numbers); and a negative control for each, with the validation
+removed, which the same judge must fail."""
 
 from __future__ import annotations
 
@@ -134,24 +135,67 @@ def test_the_judge_fails_a_verb_whose_validation_is_removed(inputs, capsys, monk
     assert judge(argv, code, words, [inputs["shards"]], capsys) != []
 
 
-NUMERIC = {"--batch-size": int, "--lr": float, "--steps": int, "--context": int, "--grad-accum": int,
-           "--warmup-frac": float, "--dropout": float, "--eval-every": int, "--eval-batches": int,
-           "--weight-decay": float, "--grad-clip": float, "--seed": int}
+def _below(limit: float, *, inclusive: bool):
+    return st.floats(-1e12, limit, exclude_max=not inclusive, allow_nan=False)
+
+
+def _above(limit: float, *, inclusive: bool):
+    return st.floats(limit, 1e12, exclude_min=not inclusive, allow_nan=False)
+
+
+# Each numeric `pretrain` option's values out of its range, written here from the options' help rather than read
+# back from the metadata the check uses, so a range dropped from the metadata fails the property.
+BAD_VALUES = {
+    "--batch-size": st.integers(-10**9, 0), "--steps": st.integers(-10**9, 0), "--context": st.integers(-10**9, 1),
+    "--grad-accum": st.integers(-10**9, 0), "--eval-every": st.integers(-10**9, 0),
+    "--eval-batches": st.integers(-10**9, 0), "--seed": st.integers(-10**9, -1),
+    "--lr": _below(0.0, inclusive=True),
+    "--warmup-frac": _below(0.0, inclusive=False) | _above(1.0, inclusive=False),
+    "--dropout": _below(0.0, inclusive=False) | _above(1.0, inclusive=True),
+    "--weight-decay": _below(0.0, inclusive=False), "--grad-clip": _below(0.0, inclusive=False),
+}
+# A night that is valid in every other respect (real shards, a 5-step tiny model): each case's one bad value is the
+# only reason it can be refused.
+VALID_NIGHT = {"--preset": "tiny", "--context": "64", "--steps": "5", "--batch-size": "2", "--eval-every": "1000",
+               "--eval-batches": "1", "--log-every": "5", "--precision": "no", "--compile": "off"}
+
+
+def night_with(flag: str, value, shards: Path, out: Path) -> list[str]:
+    """`pretrain` with the valid night's options and `flag` set to `value` (`=`: -1e-9 is a value, not a flag)."""
+    options = {**VALID_NIGHT, flag: value}
+    return ["pretrain", "--data", str(shards), "--out", str(out), "--cpu", "--no-progress",
+            *[f"{name}={given}" for name, given in options.items()]]
+
+
+def refused_naming(flag: str, value, shards: Path, out: Path, capsys) -> list[str]:
+    """What is wrong with how `pretrain` answered one bad value (empty: exit 2 in one line naming `flag`, no
+    traceback, nothing written)."""
+    got, err, _ = answer(night_with(flag, value, shards, out), capsys)
+    last = err.strip().splitlines()[-1] if err.strip() else ""
+    problems = [] if got == 2 else [f"exit {got}"]
+    if "Traceback" in err or not last.startswith("hitoban pretrain: error:") or flag not in last:
+        problems.append(f"the last line does not name {flag}: {err[-400:]!r}")
+    if out.exists():
+        problems.append(f"{out} was written")
+    return problems
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(values=st.dictionaries(st.sampled_from(sorted(NUMERIC)),
-                              st.one_of(st.integers(-10**9, 10**9), st.floats(-1e12, 1e12, allow_nan=False)),
-                              min_size=1, max_size=4))
-def test_any_numeric_value_gets_an_answer_not_a_traceback(values, tmp_path, capsys):
-    """Whatever numbers `pretrain` is given, it answers in one line with exit 2 (a range, or the shard folder that
-    is not there) before reading or writing anything."""
-    argv = ["pretrain", "--data", str(tmp_path / "no-shards"), "--out", str(tmp_path / "run"), "--cpu"]
-    if "--steps" not in values:
-        argv += ["--steps", "5"]
-    for flag, value in values.items():
-        argv.append(f"{flag}={int(value) if NUMERIC[flag] is int else value}")  # `=`: -1e-9 is a value, not a flag
-    got, err, _ = answer(argv, capsys)
-    last = err.strip().splitlines()[-1] if err.strip() else ""
-    assert got == 2 and "Traceback" not in err and last.startswith("hitoban pretrain: error:"), (argv, got, err)
-    assert not (tmp_path / "run").exists()
+@given(case=st.sampled_from(sorted(BAD_VALUES)).flatmap(lambda flag: st.tuples(st.just(flag), BAD_VALUES[flag])))
+def test_any_out_of_range_value_is_refused_naming_its_option(case, tiny_shards, tmp_path, capsys):
+    """Each case's one bad value among otherwise valid options (real shards): `pretrain` answers in one line naming
+    the option, exit 2, before reading or writing anything."""
+    flag, value = case
+    assert refused_naming(flag, value, tiny_shards, tmp_path / "run", capsys) == [], case
+
+
+def test_the_property_fails_when_the_range_checks_are_removed(tiny_shards, tmp_path, capsys, monkeypatch):
+    """Negative control: with the option ranges unchecked, a value the property generates (--batch-size 0) gets
+    past the options and crashes inside the model with a traceback that does not name the option; the same judge
+    fails it."""
+    import hitoban.training.options as options
+
+    monkeypatch.setattr(options, "check_ranges", lambda _: None)
+    monkeypatch.setattr("hitoban.training.pretrain.options.check_ranges", lambda _: None)
+    problems = refused_naming("--batch-size", 0, tiny_shards, tmp_path / "run", capsys)
+    assert problems and problems[0].startswith("exit traceback"), problems

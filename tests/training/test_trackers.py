@@ -130,12 +130,23 @@ def test_a_resume_stores_the_config_again_only_where_the_tracker_allows_it(tmp_p
         assert json.loads((tmp_path / "trackers.json").read_text())["mlflow_run_id"] == "abc"
 
 
-@pytest.mark.slow  # where the optional extras are installed (pip install 'hitoban[wandb]' 'hitoban[mlflow]')
-def test_wandb_offline_and_mlflow_continue_the_same_run_across_a_resume(tiny_shards, tmp_path, monkeypatch):
-    pytest.importorskip("wandb", reason="runs where pip install 'hitoban[wandb]' was done")
-    mlflow = pytest.importorskip("mlflow", reason="runs where pip install 'hitoban[mlflow]' was done")
+def offline_trackers(monkeypatch, root) -> None:
+    """W&B in offline mode and MLflow on a local sqlite store, with their home folders and telemetry kept in the
+    test: nothing of theirs reaches the network (CI has none) or the user's ~/.config."""
     monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(name, str(root / "wandb-home"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    monkeypatch.setenv("DO_NOT_TRACK", "true")
+
+
+@pytest.mark.slow  # two tiny nights and a W&B service process: 80 s on 2 busy cores (wandb, mlflow-skinny: [dev])
+def test_wandb_offline_and_mlflow_continue_the_same_run_across_a_resume(tiny_shards, tmp_path, monkeypatch):
+    import mlflow
+
+    offline_trackers(monkeypatch, tmp_path)
     run = tmp_path / "run"
     pretrain(night_config(tiny_shards, run, steps=10, report_to="wandb,mlflow"))
     pretrain(night_config(tiny_shards, run, steps=20, report_to="wandb,mlflow", allow_change="total_steps"))

@@ -38,6 +38,7 @@ from hitoban.training.pretrain.checkpoint import (
     STATE_DIGEST_ENV,
     TrainState,
     current_slot,
+    drop_optimizer_state,
 )
 from hitoban.training.pretrain.options import KillTestOptions, PretrainConfig
 
@@ -191,9 +192,9 @@ def run_killtest(data: str | os.PathLike, work: str | os.PathLike, options: list
     shutil.rmtree(killed, ignore_errors=True)
     control_source = work / "noopt"
     kill_steps = self_kill(killed, kills, log_every, pretrain, control_source, log)
-    (current_slot(control_source) / "optimizer.safetensors").unlink()
+    drop_optimizer_state(current_slot(control_source))  # re-sealed: deleting it by hand is damage (issue 35)
     if plant_fault == "drop-optimizer-state":
-        (current_slot(killed) / "optimizer.safetensors").unlink()
+        drop_optimizer_state(current_slot(killed))
     elif plant_fault is not None:
         raise UsageError(f"unknown fault {plant_fault!r}; the one known is drop-optimizer-state")
     run_to_end((killed, None), (control_source, None))

@@ -51,6 +51,7 @@ from hitoban.training.pretrain.checkpoint import (
     current_slot,
     drop_set_aside,
     export_final,
+    has_checkpoint,
     load_latest,
     restore_set_aside,
     save_checkpoint,
@@ -230,12 +231,11 @@ class Trainer:
             print(f"# a --resume never run here stopped before its first save: {folder}'s earlier run is back and "
                   "resumes", flush=True)
         self.accelerator.wait_for_everyone()
-        slot = current_slot(folder) if cfg.resume == "auto" and folder.exists() else None
-        if slot is not None:
+        if cfg.resume == "auto" and folder.exists() and has_checkpoint(folder):
             allowed = allowed_changes(cfg.allow_change)
-            slot, saved, restored, changes = load_latest(
+            slot, saved, restored, changes = load_latest(  # verified against its checksums; the main process repoints
                 folder, model, optimizer, check=lambda state: check_resumable(state, fingerprint, allowed),
-                scaler=self.accelerator.scaler)
+                scaler=self.accelerator.scaler, repoint=self.main)
             if not restored:
                 print(f"warning: {slot.name} has no optimizer state; moments restart from zero", flush=True)
             self.state = dataclasses.replace(saved, fingerprint=fingerprint, args=self.state.args,

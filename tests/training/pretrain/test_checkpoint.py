@@ -8,6 +8,7 @@ import dataclasses
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -59,23 +60,43 @@ def test_a_full_disk_says_so_and_keeps_the_last_checkpoint(tiny_shards, tmp_path
     assert (run / "CURRENT").read_text().strip() == "ckpt-A" and not (run / "ckpt-B").exists()
 
 
+def zero_block(path, size: int = 4096) -> None:
+    """Zero `size` bytes inside `path` where some are not zero yet (the middle first); the file keeps its size."""
+    data = bytearray(path.read_bytes())
+    starts = [s for s in range(len(data) // 2, len(data), size)] + list(range(0, len(data) // 2, size))
+    start = next(s for s in starts if any(data[s:s + size]))
+    data[start:start + size] = bytes(len(data[start:start + size]))
+    path.write_bytes(bytes(data))
+
+
 def test_a_damaged_newest_slot_falls_back_to_the_previous_one_and_says_so(tiny_shards, tmp_path, capsys):
+    """Issue 35: 4 KiB zeroed inside model.safetensors (same size) was resumed without a word. Now the slot's
+    checksums catch it: the previous slot is resumed, one line names the file, and the next save overwrites the
+    damaged slot, not the intact one. With both slots damaged, `hitoban pretrain` refuses in one line, exit 2."""
+    from hitoban.cli import main
+    from hitoban.training.options import to_argv
+    from hitoban.training.pretrain.checkpoint import verify_slot
+
     run = tmp_path / "run"
     cfg = night_config(tiny_shards, run, steps=20, save_every_steps=5, eval_every=1000)
     pretrain(cfg)
     newest = current_slot(run)
-    weights = newest / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # cut short after COMPLETE
+    zero_block(newest / "model.safetensors")
     capsys.readouterr()
     summary = pretrain(dataclasses.replace(cfg, steps=25, allow_change="total_steps"))
-    assert summary["steps"] == 25 and "is damaged" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert summary["steps"] == 25 and f"{newest.name} is damaged (model.safetensors: its sha256 differs" in out
     records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["type"] == "resume"] == [15]  # the slot before the damaged one
-    # control: with both slots damaged there is nothing to fall back to, and the message says what to do
+    assert verify_slot(run / "ckpt-A") and verify_slot(run / "ckpt-B")  # the damaged slot was the one rewritten
     for slot in ("ckpt-A", "ckpt-B"):
-        (run / slot / "model.safetensors").write_bytes(b"\0" * 16)
-    with pytest.raises(CheckpointError, match="no other complete checkpoint .* --resume never"):
-        pretrain(dataclasses.replace(cfg, steps=30, allow_change="total_steps"))
+        zero_block(run / slot / "model.safetensors")
+    capsys.readouterr()
+    code = main(["pretrain", *to_argv(dataclasses.replace(cfg, steps=30, allow_change="total_steps"), skip=())])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "ckpt-A is damaged (model.safetensors" in err and "ckpt-B is damaged (model.safetensors" in err
+    assert "no other complete checkpoint" in err and "--resume never" in err
 
 
 def test_resume_never_keeps_the_earlier_run_until_the_new_one_has_saved(tiny_shards, tmp_path):
@@ -219,3 +240,106 @@ def test_an_optimizer_that_keeps_no_state_resumes(tmp_path):
               str(slot / "optimizer.safetensors"))
     with pytest.raises(CheckpointError, match="no moments for model.embed_tokens.weight"):
         load_checkpoint(slot, _tiny_model(), torch.optim.SGD(_tiny_model().parameters(), lr=0.5, momentum=0.9))
+
+
+# ------------------------------------------------------------------ checksums: every file of a slot, every damage
+MUTATIONS = {
+    "zero a 4 KiB block": zero_block,
+    "truncate": lambda path: path.write_bytes(path.read_bytes()[: path.stat().st_size // 2]),
+    "flip a byte": lambda path: path.write_bytes(_flipped(path.read_bytes())),
+    "delete": lambda path: path.unlink(),
+    "append garbage": lambda path: path.write_bytes(path.read_bytes() + b"garbage"),
+}
+
+
+def _flipped(data: bytes) -> bytes:
+    middle = len(data) // 2
+    return data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:]
+
+
+@pytest.fixture(scope="module")
+def two_slots(tiny_shards, tmp_path_factory):
+    """A real tiny run's CURRENT and both slots (steps 5 and 10), with its tokenizer: what every case copies."""
+    run = tmp_path_factory.mktemp("slots") / "run"
+    pretrain(night_config(tiny_shards, run, steps=10, save_every_steps=5, eval_every=1000))
+    return run
+
+
+def _copy_run(source, target):
+    target.mkdir(parents=True)
+    for name in ("CURRENT", "ckpt-A", "ckpt-B"):
+        (shutil.copytree if (source / name).is_dir() else shutil.copy2)(source / name, target / name)
+    return target
+
+
+def _resume(run, intact):
+    """load_latest into fresh objects (shaped by the `intact` run's config): (the slot resumed, or the error's
+    message; the lines it printed)."""
+    from hitoban.modeling import HitobanConfig, HitobanForCausalLM
+    from hitoban.training.pretrain.checkpoint import load_latest
+    from hitoban.training.pretrain.optim import AdamW
+
+    model = HitobanForCausalLM(HitobanConfig.from_pretrained(intact / "ckpt-A"))
+    lines: list[str] = []
+    try:
+        slot, *_ = load_latest(run, model, AdamW(model.parameters()), log=lines.append)
+    except CheckpointError as err:
+        return f"{type(err).__name__}: {err}", lines
+    return slot.name, lines
+
+
+def damage_cases(run):
+    """(file, mutation) for every file of the newest slot, its marker included, and each mutation."""
+    newest = current_slot(run)
+    return [(file.name, mutation) for file in sorted(newest.iterdir()) for mutation in MUTATIONS]
+
+
+def test_every_damaged_file_makes_the_resume_fall_back_naming_it_and_both_damaged_refuse(two_slots, tmp_path):
+    newest, older = current_slot(two_slots).name, ({"ckpt-A", "ckpt-B"} - {current_slot(two_slots).name}).pop()
+    assert _resume(two_slots, two_slots) == (newest, [])  # intact: the newest, without a word
+    cases, failures = damage_cases(two_slots), {}
+    assert len(cases) >= 6 * len(MUTATIONS)  # weights, optimizer, config, tokenizer, train state, COMPLETE
+    for i, (name, mutation) in enumerate(cases):
+        run = _copy_run(two_slots, tmp_path / f"one-{i}")
+        MUTATIONS[mutation](run / newest / name)
+        got, lines = _resume(run, two_slots)
+        named = [line for line in lines if f"{newest} is damaged ({name}:" in line and f"resuming from {older}" in line]
+        if got != older or len(lines) != 1 or not named:
+            failures[(name, mutation)] = (got, lines)
+        MUTATIONS[mutation](run / older / name)
+        got, lines = _resume(run, two_slots)
+        if not (got.startswith("CheckpointDamaged") and f"{older} is damaged ({name}:" in got
+                and "--resume never" in got):
+            failures[(name, mutation, "both")] = (got, lines)
+    assert failures == {}
+
+
+def test_without_verification_a_zeroed_block_resumes_silently(two_slots, tmp_path, monkeypatch):
+    """Negative control: with the verifier accepting everything, the zeroed block is loaded from the newest slot
+    without a word, as before issue 35; the test above would catch that."""
+    monkeypatch.setattr(checkpoint_module, "verify_slot", lambda slot: True)
+    run = _copy_run(two_slots, tmp_path / "run")
+    newest = current_slot(run).name
+    zero_block(run / newest / "model.safetensors")
+    assert _resume(run, two_slots) == (newest, [])
+
+
+def test_an_older_slot_without_checksums_is_loaded_unverified_and_says_so(two_slots, tmp_path):
+    run = _copy_run(two_slots, tmp_path / "run")
+    newest = current_slot(run)
+    (newest / "COMPLETE").write_text("1700000000\nstep=10\n")  # the marker hitoban wrote before issue 35
+    got, lines = _resume(run, two_slots)
+    assert got == newest.name and lines == [f"note: {newest.name} was written by an older hitoban without "
+                                            "checksums; it is loaded unverified"]
+
+
+def test_optimizer_state_dropped_on_purpose_is_resealed_not_damage(two_slots, tmp_path):
+    """The kill test's control resumes without optimizer state: `drop_optimizer_state` removes it and re-seals the
+    slot, where deleting the file by hand is damage (above)."""
+    from hitoban.training.pretrain.checkpoint import drop_optimizer_state, verify_slot
+
+    run = _copy_run(two_slots, tmp_path / "run")
+    newest = current_slot(run)
+    drop_optimizer_state(newest)
+    assert verify_slot(newest) and not (newest / "optimizer.safetensors").exists()
+    assert _resume(run, two_slots) == (newest.name, [])
