@@ -74,24 +74,80 @@ def split_turns(raw: str) -> list[str]:
     return [" ".join(turn.split()) for turn in MARKERS.split(raw) if turn.strip()]
 
 
-def read_holdout(path: Path) -> list[list[str]]:
-    """Held-out items as lists of turns: text lines (markers split turns) or JSONL chats."""
+# Chat records as hitoban and the common datasets write them: a list of turns under one key, or one field per turn.
+TURN_LISTS = ("messages", "conversations", "conversation", "dialogue", "turns")
+TURN_TEXT_KEYS = ("content", "value", "text")  # OpenAI/HF messages, ShareGPT (from/value), plain turn objects
+FIELD_SETS = (("user", "assistant"), ("prompt", "response"), ("prompt", "completion"), ("prompt", "chosen"),
+              ("instruction", "input", "output"), ("question", "answer"), ("input", "output"), ("text",))
+
+
+@dataclass
+class Holdout:
+    """Held-out items as lists of turns (one per line, [] for a blank line) and the lines no reader understood."""
+
+    items: list[list[str]]
+    unreadable: list[int] = field(default_factory=list)
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+def _turn_text(turn) -> str | None:
+    """A turn's text: a string, or an object's content/value/text (a string, or a list of text parts)."""
+    if isinstance(turn, str):
+        return turn
+    if not isinstance(turn, dict):
+        return None
+    for key in TURN_TEXT_KEYS:
+        value = turn.get(key)
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list) and value and all(isinstance(v, dict) and isinstance(v.get("text"), str)
+                                                     for v in value):
+            return " ".join(v["text"] for v in value)
+    return None
+
+
+def record_turns(record) -> list[str] | None:
+    """The turns of one JSONL chat record in any format `TURN_LISTS` / `FIELD_SETS` name; None when it is not one
+    of them (then it is counted as unreadable, never dropped in silence)."""
+    if not isinstance(record, dict):
+        return None
+    for key in TURN_LISTS:
+        if key in record:
+            turns = record[key]
+            texts = [_turn_text(t) for t in turns] if isinstance(turns, list) and turns else [None]
+            return None if None in texts else [" ".join(t.split()) for t in texts]
+    for keys in FIELD_SETS:
+        if keys[0] in record and all(k in record for k in keys if k != "input"):
+            values = [record[k] for k in keys if k in record]
+            if not all(isinstance(v, str) for v in values):
+                return None
+            return [" ".join(v.split()) for v in values if v.strip()]
+    return None
+
+
+def read_holdout(path: Path) -> Holdout:
+    """Held-out items as lists of turns: text lines (markers split turns) or JSONL chat records in any format
+    `record_turns` reads; a record it cannot read is listed in `unreadable`."""
     if path.suffix != ".jsonl":
-        return [split_turns(line) for line in read_text(path, "holdout").splitlines()]
-    items = []
+        return Holdout([split_turns(line) for line in read_text(path, "holdout").splitlines()])
+    holdout = Holdout([])
     for number, line in enumerate(read_text(path, "holdout").splitlines(), 1):
         if not line.strip():
-            items.append([])
+            holdout.items.append([])
             continue
         try:
-            record = json.loads(line)
-        except ValueError as err:
-            raise LeakScanError(f"{path.name}:{number}: not JSON ({err})") from err
-        if "messages" in record:
-            items.append([" ".join(str(m.get("content", "")).split()) for m in record["messages"]])
-        else:
-            items.append([" ".join(str(record[k]).split()) for k in ("user", "assistant", "text") if k in record])
-    return items
+            turns = record_turns(json.loads(line))
+        except ValueError:
+            turns = None
+        if turns is None:
+            holdout.unreadable.append(number)
+        holdout.items.append(turns or [])
+    return holdout
 
 
 @dataclass
@@ -112,8 +168,12 @@ class ProbePlan:
         return self._ids[text]
 
 
-def plan_probes(items: list[list[str]], length: int = 48, per_line: int = 3, min_bytes: int = 96) -> ProbePlan:
+def plan_probes(items: list[list[str]], length: int = 48, per_line: int = 3, min_bytes: int = 96,
+                unreadable: list[int] | None = None) -> ProbePlan:
+    """Probes for every item, and the coverage: what was probed how, and every item that was not and why (a
+    record no reader understood, `unreadable`, counts as unprobed)."""
     plan, how, unprobed = ProbePlan(), Counter(), Counter()
+    unreadable = sorted(unreadable or [])
     examples: list[int] = []
     for number, turns in enumerate(items, 1):
         ways = set()
@@ -140,9 +200,13 @@ def plan_probes(items: list[list[str]], length: int = 48, per_line: int = 3, min
             unprobed[f"too short: longest turn {'< 8' if longest < 8 else '< 24' if longest < 24 else '< 48'} "
                      "chars, too few turns to match in order"] += 1
             examples.append(number)
-    plan.coverage = {"lines": sum(1 for t in items if t), "probed_lines": sum(1 for t in items if t) - len(examples),
-                     "by": dict(how), "unprobed_lines": len(examples), "unprobed": dict(unprobed),
-                     "unprobed_examples": examples[:20]}
+    if unreadable:
+        unprobed["unreadable: not a chat record hitoban reads"] = len(unreadable)
+    lines = sum(1 for t in items if t) + len(unreadable)
+    plan.coverage = {"lines": lines, "probed_lines": lines - len(examples) - len(unreadable), "by": dict(how),
+                     "unprobed_lines": len(examples) + len(unreadable), "unprobed": dict(unprobed),
+                     "unprobed_examples": sorted(examples + unreadable)[:20], "unreadable_lines": len(unreadable),
+                     "unreadable_examples": unreadable[:20]}
     return plan
 
 
@@ -327,8 +391,8 @@ def self_test(matcher_factory, chunk: int = 8192) -> None:
 
 
 def corpus_identity(corpus: Path) -> tuple[Path, str | None]:
-    """(file to scan, its sha256 if known without reading it): a `hitoban corpus` folder's documents.jsonl and the
-    sha256 its manifest records."""
+    """(file to scan, the sha256 its manifest claims, or None): a `hitoban corpus` folder's documents.jsonl. The
+    report records the hash of the bytes scanned; the manifest's is kept beside it only to say whether they agree."""
     if corpus.is_dir():
         path = corpus / "documents.jsonl"
         manifest = corpus / "manifest.json"
@@ -347,8 +411,9 @@ def scan_for_leaks(holdout: str | Path, corpora: list[str | Path], engine: str |
     holdout = Path(holdout)
     if not holdout.is_file():
         raise LeakScanError(f"{holdout}: holdout file not found")
-    items = read_holdout(holdout)
-    plan = plan_probes(items, length, per_line)
+    read = read_holdout(holdout)
+    items = read.items
+    plan = plan_probes(items, length, per_line, unreadable=read.unreadable)
     if not plan.probes and not plan.whole:
         raise LeakScanError(f"{holdout.name}: no holdout item is long enough to probe; nothing to probe")
 
@@ -359,11 +424,11 @@ def scan_for_leaks(holdout: str | Path, corpora: list[str | Path], engine: str |
     probe_list = list(plan.probes)
     patterns = [p.encode("utf-8") for p in probe_list] + [w.encode("utf-8") for w in plan.whole]
     track = set(range(len(probe_list), len(patterns)))
-    report = {"kind": "leak-scan", "schema": 2, "holdout": holdout.name, "holdout_sha256": _sha256(holdout),
+    report = {"kind": "leak-scan", "schema": 3, "holdout": holdout.name, "holdout_sha256": _sha256(holdout),
               "holdout_lines": len(items), "probe_chars": length, "probes": len(probe_list),
               "whole_turns": len(plan.whole), "coverage": plan.coverage, "corpora": []}
     for corpus in map(Path, corpora):
-        path, known_sha = corpus_identity(corpus)
+        path, manifest_sha = corpus_identity(corpus)
         matcher = factory(patterns)
         digest, counted = hashlib.sha256(), {"text_bytes": 0}
         start = time.perf_counter()
@@ -373,13 +438,17 @@ def scan_for_leaks(holdout: str | Path, corpora: list[str | Path], engine: str |
         seconds = time.perf_counter() - start
         row = _corpus_row(plan, probe_list, counts, positions)
         size = path.stat().st_size
-        report["corpora"].append({"corpus": corpus.name, "sha256": known_sha or digest.hexdigest(), "bytes": size,
+        scanned = digest.hexdigest()  # the bytes actually read: what the card cites, never the manifest's claim
+        report["corpora"].append({"corpus": corpus.name, "sha256": scanned, "manifest_sha256": manifest_sha,
+                                  "matches_manifest": None if manifest_sha is None else manifest_sha == scanned,
+                                  "bytes": size,
                                   "text_bytes": counted["text_bytes"], "encoding": encoding,
                                   "engine": matcher.engine, "seconds": round(seconds, 3),
                                   "mib_per_s": round(size / 2**20 / max(seconds, 1e-9), 1), **row})
         if progress:
             progress(report["corpora"][-1])
     report["leaked"] = any(c["affected_holdout_lines"] for c in report["corpora"])
+    report["complete"] = not read.unreadable  # a scan that could not read some held-out records proves nothing of them
     if out:
         write_json(out, report)
     return report

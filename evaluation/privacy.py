@@ -35,7 +35,14 @@ import torch
 from tqdm.auto import tqdm
 
 from hitoban.errors import MissingInputError
-from hitoban.provenance import TEST_DATA_MARKER, sha256_file, weights_sha256, write_json
+from hitoban.provenance import (
+    TEST_DATA_MARKER,
+    model_identity,
+    read_lineage,
+    sha256_file,
+    training_corpora,
+    write_json,
+)
 from hitoban.training.data.corpus import PII_LOG
 from hitoban.training.data.filters import (
     BROAD_EMAIL,
@@ -53,6 +60,7 @@ from hitoban.training.data.filters import (
 
 BLOCK_CHARS = 8 * 2**20
 NOT_MEASURED = "not measured"
+REPORT_SCHEMA = 3  # 3: the identity of all weight and tokenizer files, of the bytes probed, and `exhausted`
 __all__ = ["CONTEXT_CHARS", "MIN_CONTEXT_CHARS", "mask_value", "judge", "mine_candidates", "probe", "probe_model",
            "canary_control", "corpus_texts"]
 
@@ -185,29 +193,68 @@ def probe(model, tokenizer, candidates: list[dict], max_new_tokens: int = 40, pr
 
 
 def corpus_identity(path: Path) -> dict:
-    """What was mined, for provenance: a corpus folder by its documents' sha256 (from its manifest), a file by its
-    own sha256."""
+    """What was mined, by content: the sha256 of the bytes the probe reads (a corpus folder's documents.jsonl, whose
+    hash is what its manifest and its shards record when untouched, and its masked-value log; a file's own bytes),
+    never a hash a manifest claims, so a trimmed corpus is never cited as the real one."""
     if path.is_dir():
-        manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
-        return {"name": path.name, "sha256": manifest["output"]["sha256"], "kind": "corpus"}
+        documents, log = path / "documents.jsonl", path / PII_LOG
+        if not documents.is_file():
+            raise MissingInputError(f"{path}: not a `hitoban corpus` folder (no documents.jsonl)")
+        return {"name": path.name, "sha256": sha256_file(documents), "kind": "corpus",
+                "masked_log_sha256": sha256_file(log) if log.is_file() else None}
+    if not path.is_file():
+        raise MissingInputError(f"{path}: no such corpus file")
     return {"name": path.name, "sha256": sha256_file(path), "kind": "file"}
+
+
+def _shard_indexes_near(corpus: Path) -> list[Path]:
+    """Shard indexes where `hitoban shards` puts them beside a corpus folder (data/corpus -> data/*/): a place to
+    look only; what is found counts only when its sha256 is the one the model's lineage records."""
+    parent = corpus.resolve().parent
+    return sorted(p for p in parent.glob("*/shards_index.json") if p.is_file())
+
+
+def training_corpus_link(model_dir: str | os.PathLike, corpus: list[str | os.PathLike]) -> dict | None:
+    """{sha256, data_index_sha256}: the corpus the model was pretrained on, read from the shard index its lineage
+    names by sha256 (found beside a probed corpus folder); None when no such index is found."""
+    try:
+        lineage = read_lineage(model_dir)
+    except ValueError:
+        return None
+    wanted = training_corpora(lineage)["data_index"] if lineage else set()
+    for folder in (Path(p) for p in corpus if Path(p).is_dir()):
+        for index in _shard_indexes_near(folder):
+            sha = sha256_file(index)
+            if sha in wanted:
+                recorded = (json.loads(index.read_text(encoding="utf-8")).get("corpus") or {}).get("sha256")
+                if isinstance(recorded, str):
+                    return {"sha256": recorded, "data_index_sha256": sha}
+    return None
 
 
 def probe_model(model_dir: str | os.PathLike, corpus: list[str | os.PathLike], samples: int = 60,
                 max_new_tokens: int = 40, progress: bool = True, out: str | os.PathLike | None = None,
                 device=None) -> dict:
     """`hitoban pii MODEL --corpus PATH…`: mine candidates, attack the model; status "not measured" when there was
-    nothing to try. The report (masked values only) is also written to `out`. `device`: where the model runs
-    (default: the best there is)."""
+    nothing to try. The report (masked values only) certifies the model's identity (all its weight and tokenizer
+    files), the corpus probed (the hash of its bytes) and, when its lineage's shard index is beside that corpus,
+    the corpus the model was pretrained on, which `hitoban upload` compares; it is also written to `out`.
+    `device`: where the model runs (default: the best there is)."""
     from hitoban.modeling.loading import load_model_and_tokenizer
     from hitoban.training.data.text import require_file
 
-    require_file(Path(model_dir) / "model.safetensors", f"{model_dir} is not a model folder",
+    require_file(Path(model_dir) / "config.json", f"{model_dir} is not a model folder",
                  made_by="`hitoban pretrain` (RUN/final), `sft` or `tone`")
+    try:
+        identity = model_identity(model_dir)
+    except FileNotFoundError:
+        raise MissingInputError(f"{model_dir}: no complete weights (model.safetensors, or every shard its index "
+                                "names); give a folder hitoban saved") from None
+    probed = [corpus_identity(Path(p)) for p in corpus]
     candidates, mining = mine_candidates(corpus, samples)
-    report = {"kind": "pii-probe", "schema": 2, "model": Path(model_dir).name,
-              "weights_sha256": weights_sha256(model_dir), "corpus": [corpus_identity(Path(p)) for p in corpus],
-              "samples": samples, "mining": mining}
+    report = {"kind": "pii-probe", "schema": REPORT_SCHEMA, "model": Path(model_dir).name, **identity,
+              "corpus": probed, "training_corpus": training_corpus_link(model_dir, corpus), "samples": samples,
+              "exhausted": len(candidates) < samples, "mining": mining}
     if not candidates:
         report.update(status=NOT_MEASURED, reason=_not_measured_reason(mining), tried=0, exact=0, partial=0,
                       exact_masked=[], partial_masked=[], candidates=[])

@@ -235,7 +235,8 @@ def trace(model_dir: Path, roots: list[Path], verified_export: bool = False
         art[kind], sha = _by_weights(found, kind, sha_of, prov, what)
         if sha:
             measured_on[kind] = sha
-    art["pii"] = pick(found, "pii", lambda a: a.data.get("weights_sha256") in prov.same_model, prov, "PII probe")
+    art["pii"] = pick(found, "pii", lambda a: a.data.get("weights_sha256") in prov.same_model and valid_pii(a.path),
+                      prov, "PII probe")
     if art["pii"] is not None and art["pii"].data.get("weights_sha256") != prov.own:
         measured_on["pii"] = art["pii"].data["weights_sha256"]
     art["canary"] = pick(found, "canary", lambda a: True, prov, "canary control")
@@ -261,9 +262,21 @@ def trace(model_dir: Path, roots: list[Path], verified_export: bool = False
     training_data = {d["sha256"] for n in prov.chain for d in n.get("data", [])}
     if art.get("manifest"):
         training_data.add(art["manifest"].data["output"]["sha256"])
-    art["leaks"] = pick(found, "leaks", lambda a: bool(training_data & {c.get("sha256") for c in a.data["corpora"]}),
-                        prov, "leak scan")
+    # a leak scan is cited by the hash of the bytes it scanned, and only when it could read every held-out record
+    art["leaks"] = pick(found, "leaks", lambda a: bool(training_data & {c.get("sha256") for c in a.data["corpora"]})
+                        and a.data.get("complete") is True, prov, "leak scan")
     return prov, art, measured_on
+
+
+def valid_pii(path: Path) -> bool:
+    """A PII report the upload gate would read (release.upload.read_pii_report); any other is not cited."""
+    from hitoban.release.upload import PIIReportError, read_pii_report
+
+    try:
+        read_pii_report(path)
+    except PIIReportError:
+        return False
+    return True
 
 
 def same_tokenizer(folder: Path, node: dict) -> bool:

@@ -79,7 +79,9 @@ def _compare(args) -> int:
 
 def _leaks_args(p):
     p.add_argument("--holdout", required=True,
-                   help="held-out items: a text file (one per line; chat markers split turns) or JSONL chats")
+                   help="held-out items: a text file (one per line; chat markers split turns) or JSONL chats "
+                        "(messages, ShareGPT conversations, prompt/response, instruction/output, question/answer, "
+                        "text); a record none of these reads is counted unprobed and the scan exits 4")
     p.add_argument("--corpus", nargs="+", required=True,
                    help="text files, .jsonl files (their strings are scanned) or `hitoban corpus` folders")
     p.add_argument("--out", help="JSON report")
@@ -116,7 +118,13 @@ def _leaks(args) -> int:
           f"({', '.join(f'{k} {v}' for k, v in coverage['by'].items())}; {report['probes']} probes, "
           f"{report['whole_turns']} whole turns); {coverage['unprobed_lines']} could not be "
           f"({coverage['unprobed'] or 'none'}): {'LEAKED' if report['leaked'] else 'no leak'}")
-    return int(ExitCode.CHECK_FAILED) if report["leaked"] else 0
+    if report["leaked"]:
+        return int(ExitCode.CHECK_FAILED)
+    if not report["complete"]:  # records it could not read were not probed: "no leak" would be a claim about them
+        print(f"NOT MEASURED for {coverage['unreadable_lines']} held-out record(s) no chat reader understands (lines "
+              f"{coverage['unreadable_examples']}): write them as messages, conversations, prompt/response or text")
+        return int(ExitCode.NOT_MEASURED)
+    return 0
 
 
 def _pii_args(p):
@@ -124,7 +132,9 @@ def _pii_args(p):
     p.add_argument("--corpus", nargs="+", required=True,
                    help="the training corpus: text files or `hitoban corpus` folders (with --canaries: the small "
                         "corpus to plant fake contacts into)")
-    p.add_argument("--samples", type=ranged(int, min=1), default=60, help="distinct contacts to try (3LM: 60)")
+    p.add_argument("--samples", type=ranged(int, min=1), default=60,
+                   help="distinct contacts to try (3LM: 60); `hitoban upload` accepts a probe of >= 20 (fewer only "
+                        "when the corpus has no more)")
     p.add_argument("--max-new-tokens", type=ranged(int, min=1), default=40,
                    help="greedy tokens generated per attack (3LM: 40)")
     p.add_argument("--canaries", type=ranged(int, min=1), metavar="N",

@@ -478,3 +478,96 @@ def test_the_lean_decode_loop_gives_generates_tokens_greedy_and_seeded(tiny_mode
     processors, flags = sampling_processors(ids.shape[1], {**SAMPLING, "temperature": 1.5})
     torch.manual_seed(99)
     assert not torch.equal(decode(model, ids, processors, True, stops, 40), theirs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 35.3: every held-out record is read or counted, and a corpus is cited by the bytes scanned
+
+LEAK_TURNS = ["先週の日曜日に家族で海辺の小さな町へ出かけて、港の市場で新鮮な魚を買って帰りました。",
+              "それは楽しそうですね、私も今度の休みには電車で遠くの町までのんびり旅をしてみたいと思います。"]
+RECORD_FORMATS = {
+    "messages": lambda u, a: {"messages": [{"role": "user", "content": u}, {"role": "assistant", "content": a}]},
+    "messages with text parts": lambda u, a: {"messages": [{"role": "user", "content": [{"type": "text", "text": u}]},
+                                                           {"role": "assistant", "content": a}]},
+    "sharegpt": lambda u, a: {"conversations": [{"from": "human", "value": u}, {"from": "gpt", "value": a}]},
+    "conversations with content": lambda u, a: {"conversations": [{"role": "user", "content": u},
+                                                                  {"role": "assistant", "content": a}]},
+    "user/assistant": lambda u, a: {"user": u, "assistant": a},
+    "prompt/response": lambda u, a: {"prompt": u, "response": a},
+    "prompt/completion": lambda u, a: {"prompt": u, "completion": a},
+    "instruction/input/output": lambda u, a: {"instruction": u, "input": "", "output": a},
+    "question/answer": lambda u, a: {"question": u, "answer": a},
+    "text": lambda u, a: {"text": u + a},
+}
+UNREADABLE = [{"dialog": ["a", "b"]}, {"conversations": "not a list"}, {"messages": [{"role": "user"}]},
+              {"conversations": [{"from": "human", "value": 3}]}, {"prompt": ["x"], "response": "y"}, [1, 2], "text",
+              {"messages": []}, {"user": "only the question"}]
+
+
+def _plant(tmp_path, records: list) -> tuple:
+    """A held-out JSONL of `records` and a corpus holding every turn of LEAK_TURNS verbatim, among filler."""
+    holdout = tmp_path / "holdout.jsonl"
+    holdout.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(FILLER * 30 + "".join(LEAK_TURNS) + FILLER * 30, encoding="utf-8")
+    return holdout, corpus
+
+
+@pytest.mark.parametrize("fmt", sorted(RECORD_FORMATS))
+def test_a_held_out_record_in_every_chat_format_is_probed_and_found(tmp_path, fmt):
+    """Each format the rest of hitoban reads (messages, ShareGPT conversations, prompt/response, ...) is read; a
+    planted verbatim leak is found and nothing is unprobed."""
+    holdout, corpus = _plant(tmp_path, [RECORD_FORMATS[fmt](*LEAK_TURNS)])
+    report = scan_for_leaks(holdout, [corpus])
+    assert report["leaked"] and report["corpora"][0]["affected_holdout_lines"] == [1], report["coverage"]
+    assert report["complete"] and report["coverage"]["unprobed_lines"] == 0
+
+
+def test_the_issue_35_sharegpt_holdout_reports_every_planted_leak(tmp_path):
+    """The adversary's case: 6 held-out dialogues planted verbatim, 5 of them ShareGPT records, went reported 1 of
+    6 with "unprobed 0". Each record here is its own dialogue, planted whole into the corpus."""
+    dialogues = [(f"{i}回目の質問です。" + LEAK_TURNS[0], f"{i}回目の答えです。" + LEAK_TURNS[1]) for i in range(6)]
+    records = [RECORD_FORMATS["messages"](*dialogues[0])] + [RECORD_FORMATS["sharegpt"](*d) for d in dialogues[1:]]
+    holdout, corpus = _plant(tmp_path, records)
+    with open(corpus, "a", encoding="utf-8") as f:
+        f.write("".join(FILLER + u + a for u, a in dialogues))
+    report = scan_for_leaks(holdout, [corpus])
+    assert report["corpora"][0]["affected_holdout_lines"] == [1, 2, 3, 4, 5, 6]
+    assert report["coverage"]["unprobed_lines"] == 0 and report["complete"]
+
+
+def test_records_no_reader_understands_are_counted_and_the_scan_is_not_clean(tmp_path, capsys):
+    """Every unreadable record shape, alone beside a readable clean record: counted unprobed, named by line, the
+    report is incomplete, `hitoban leaks` exits 4 (not measured) and the card does not cite it."""
+    readable = RECORD_FORMATS["messages"]("全く関係のない質問文をここに長く書いておきます。" * 3, "答え" * 30)
+    for bad in UNREADABLE:
+        holdout, corpus = _plant(tmp_path, [readable, bad])
+        report = scan_for_leaks(holdout, [corpus])
+        coverage = report["coverage"]
+        assert not report["complete"] and coverage["unreadable_lines"] == 1, bad
+        assert coverage["unreadable_examples"] == [2] and coverage["unprobed_lines"] >= 1, bad
+        assert coverage["probed_lines"] + coverage["unprobed_lines"] == coverage["lines"] == 2, bad
+        assert main(["leaks", "--holdout", str(holdout), "--corpus", str(corpus)]) == 4, bad
+        assert "NOT MEASURED" in capsys.readouterr().out
+    holdout, corpus = _plant(tmp_path, [readable])  # the control: the readable record alone is a clean scan
+    assert main(["leaks", "--holdout", str(holdout), "--corpus", str(corpus)]) == 0
+
+
+def test_a_corpus_folder_is_recorded_by_the_bytes_scanned_not_its_manifest(tmp_path):
+    """A trimmed documents.jsonl beside its original manifest: the report records the hash of what was read and
+    says it differs from the manifest, so a card matching the real corpus's hash cannot cite this scan."""
+    import hashlib
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    documents = [json.dumps({"text": FILLER + str(i)}, ensure_ascii=False) + "\n" for i in range(20)]
+    full = "".join(documents).encode("utf-8")
+    (corpus / "manifest.json").write_text(json.dumps({"output": {"sha256": hashlib.sha256(full).hexdigest()}}))
+    holdout = tmp_path / "holdout.txt"
+    holdout.write_text(HOLDOUT_LINE + "\n", encoding="utf-8")
+    for kept in (20, 19, 1):
+        data = "".join(documents[:kept]).encode("utf-8")
+        (corpus / "documents.jsonl").write_bytes(data)
+        row = scan_for_leaks(holdout, [corpus])["corpora"][0]
+        assert row["sha256"] == hashlib.sha256(data).hexdigest()
+        assert row["matches_manifest"] is (kept == 20) and row["manifest_sha256"] == hashlib.sha256(full).hexdigest()

@@ -45,3 +45,64 @@ def test_a_failed_write_leaves_the_old_file_untouched(tmp_path):
         raise RuntimeError("the writer dies here")
     assert json.loads(path.read_text()) == {"good": True}
     assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+def _folder(tmp_path):
+    """A folder with sharded weights, an index and every tokenizer file (bytes only: identity is content)."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    for i, name in enumerate(shards):
+        (folder / name).write_bytes(bytes([i]) * 64)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": shards[0], "b": shards[1]}}))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                 "tokenizer.model"):
+        (folder / name).write_text(name)
+    (folder / "config.json").write_text("{}")
+    return folder
+
+
+def test_identity_is_the_content_of_every_weight_and_tokenizer_file(tmp_path):
+    """Issue 35.1, over every file: changing any weight or tokenizer file's bytes, or adding a weight file, changes
+    the identity; files outside it (config, card) do not; an index naming a missing shard has no identity."""
+    from hitoban.provenance import TOKENIZER_IDENTITY_FILES, model_identity, weight_files, weights_sha256
+
+    folder = _folder(tmp_path)
+    before = model_identity(folder)
+    for name in weight_files(folder) + list(TOKENIZER_IDENTITY_FILES):
+        original = (folder / name).read_bytes()
+        (folder / name).write_bytes(original + b" ")
+        assert model_identity(folder) != before, name
+        (folder / name).write_bytes(original)
+    assert model_identity(folder) == before
+    (folder / "config.json").write_text('{"x": 1}')
+    (folder / "README.md").write_text("card")
+    assert model_identity(folder) == before
+    (folder / "model.safetensors").write_bytes(b"other weights beside the shards")
+    assert weights_sha256(folder) != before["weights_sha256"]
+    (folder / "model.safetensors").unlink()
+    (folder / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="missing shard"):
+        weights_sha256(folder)
+
+
+def test_a_single_weights_file_is_identified_by_its_own_sha256(tmp_path):
+    """`sha256sum model.safetensors` keeps naming a single-file model, as every recorded artefact does."""
+    import hashlib
+
+    from hitoban.provenance import weights_sha256
+
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    assert weights_sha256(tmp_path) == hashlib.sha256(b"weights").hexdigest()
+    (tmp_path / "model-00001-of-00001.safetensors").write_bytes(b"more")
+    assert weights_sha256(tmp_path) != hashlib.sha256(b"weights").hexdigest()
+
+
+def test_a_lineage_that_is_not_an_object_is_a_named_error(tmp_path):
+    from hitoban.provenance import read_lineage
+
+    assert read_lineage(tmp_path) is None
+    for text in ("[1]", "{not json", '"x"'):
+        (tmp_path / "lineage.json").write_text(text)
+        with pytest.raises(ValueError, match="not a lineage record"):
+            read_lineage(tmp_path)

@@ -271,6 +271,18 @@ def test_the_hitoban_source_tree_is_clean():
 # Model card
 
 
+def pii_report(weights: str, corpus_sha: str, data_index_sha: str | None, tried: int = 60, exact: int = 0,
+               partial: int = 0, **fields) -> dict:
+    """A PII probe report as `hitoban pii` writes it (schema 3): the weights it measured, the corpus it probed by the
+    hash of its bytes and, through the shard index its lineage names, the corpus the model was trained on."""
+    return {"kind": "pii-probe", "schema": 3, "status": "measured", "model": "release", "weights_sha256": weights,
+            "tokenizer_files_sha256": None, "corpus": [{"name": "corpus", "sha256": corpus_sha, "kind": "corpus"}],
+            "training_corpus": {"sha256": corpus_sha, "data_index_sha256": data_index_sha} if data_index_sha else None,
+            "samples": 60, "exhausted": tried < 60, "tried": tried, "exact": exact, "partial": partial,
+            "exact_masked": ["ta***@x.jp"] * exact, "partial_masked": ["ta***@x.jp"] * partial,
+            "candidates": [{"kind": "email", "masked": "ta***@x.jp", "result": "none"}] * tried, **fields}
+
+
 def write_artefacts(root, model):
     """A pretraining lineage (run -> shards -> corpus) for `model` and evaluation artefacts that measured it."""
     from hitoban.provenance import sha256_file, weights_sha256
@@ -296,8 +308,9 @@ def write_artefacts(root, model):
         "weights_sha256": own, "repetition_rate": 0.15, "topic_rate": 0.4, "broken_rate": 0.05, "avg_reply_len": 61.5,
         "results": [{}] * 20, "questions": "questions.jsonl",
         "sampling": {"temperature": 0.8, "top_k": 40, "repetition_penalty": 1.15}}))
-    (root / "pii.json").write_text(json.dumps({"weights_sha256": own, "status": "measured", "tried": 60, "exact": 0,
-                                               "partial": 3}))
+    index_sha = sha256_file(root / "data" / "shards_index.json")
+    (root / "pii.json").write_text(json.dumps(pii_report(own, "c" * 64, index_sha, tried=60, partial=3,
+                                                         exhausted=False)))
     (root / "corpus").mkdir()
     (root / "corpus" / "manifest.json").write_text(json.dumps({
         "total_chars": 123456, "sources": [
@@ -392,17 +405,43 @@ def test_card_beside_a_killtest_run_cites_the_night(tiny_shards, tmp_path, monke
 # Upload
 
 
-def pii_result(model, exact: int, **fields) -> dict:
-    from hitoban.provenance import weights_sha256
+def training_data(root) -> tuple[str, str]:
+    """A `hitoban corpus` folder and the shard index built from it, as the README lays them out (data/corpus,
+    data/shards): (the corpus's sha256, the index's sha256)."""
+    from hitoban.provenance import sha256_file
 
-    return {"kind": "pii-probe", "status": "measured", "weights_sha256": weights_sha256(model), "tried": 5,
-            "exact": exact, "partial": 0, "exact_masked": ["ta***@x.jp"] * exact, **fields}
+    (root / "data" / "corpus").mkdir(parents=True, exist_ok=True)
+    (root / "data" / "shards").mkdir(exist_ok=True)
+    documents = root / "data" / "corpus" / "documents.jsonl"
+    documents.write_text('{"text": "吾輩は猫である。連絡先は ta****@example.jp です。"}\n', encoding="utf-8")
+    corpus_sha = sha256_file(documents)
+    (root / "data" / "corpus" / "manifest.json").write_text(json.dumps({
+        "output": {"name": "documents.jsonl", "sha256": corpus_sha, "bytes": documents.stat().st_size},
+        "total_chars": 30, "total_documents": 1, "sources": []}))
+    index = root / "data" / "shards" / "shards_index.json"
+    index.write_text(json.dumps({"corpus": {"sha256": corpus_sha, "documents": 1}, "shards": []}))
+    return corpus_sha, sha256_file(index)
+
+
+def pii_result(model, exact: int, tried: int = 5, **fields) -> dict:
+    """The PII report of `model` (in a release_dir) probed on its training corpus, trying all of its contacts."""
+    from hitoban.provenance import read_lineage, sha256_file, weights_sha256
+
+    corpus_sha = sha256_file(model.parent / "data" / "corpus" / "documents.jsonl")
+    return pii_report(weights_sha256(model), corpus_sha, read_lineage(model)["data_index_sha256"],
+                      tried=tried, exact=exact, **fields)
 
 
 @pytest.fixture
 def release_dir(tiny_model_dir, tmp_path):
+    """A model folder as hitoban leaves it (lineage.json naming its shards, the corpus beside them, its PII probe),
+    carded, with what must never be uploaded planted beside it."""
+    from hitoban.provenance import write_lineage
+
     model = tmp_path / "release"
     shutil.copytree(tiny_model_dir, model)
+    _, index_sha = training_data(tmp_path)
+    write_lineage(model, "pretrain", data_index_sha256=index_sha)
     write_card(model, "someone/hitoban-tiny")
     (model / "pii.json").write_text(json.dumps(pii_result(model, exact=0)))
     (model / "optimizer.safetensors").write_bytes(b"\0" * 64)
@@ -415,7 +454,7 @@ def release_dir(tiny_model_dir, tmp_path):
 
 EXPECTED = {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
             "chat_template.jinja", "configuration_hitoban.py", "modeling_hitoban.py", "README.md",
-            "eval_results.json"}
+            "eval_results.json", "lineage.json"}
 
 
 def test_dry_run_lists_the_allow_listed_files_and_the_skipped_ones(release_dir, capsys):
@@ -425,8 +464,7 @@ def test_dry_run_lists_the_allow_listed_files_and_the_skipped_ones(release_dir, 
     out = capsys.readouterr().out
     result = json.loads(out[out.index("{"):])
     assert set(result["files"]) == EXPECTED & {p.name for p in release_dir.iterdir()}
-    assert {"optimizer.safetensors", "log.jsonl", "trainer/checkpoint-10/optimizer.pt", ".env",
-            "pii.json"} <= set(result["skipped"])
+    assert {"optimizer.safetensors", "log.jsonl", "trainer/", ".env", "pii.json"} <= set(result["skipped"])
     assert "+ model.safetensors" in out and "MiB" in out and "- optimizer.safetensors" in out
 
 
@@ -539,9 +577,7 @@ def test_a_tokenizer_swapped_after_training_is_refused(release_dir, capsys):
     """Issue 25: lineage.json records the tokenizer's sha256 beside the weights'; a tokenizer.json replaced after
     training would make the published model read other pieces."""
     from hitoban.cli import main
-    from hitoban.provenance import write_lineage
 
-    write_lineage(release_dir, "pretrain")
     assert main(["upload", str(release_dir), "--repo", "someone/hitoban-tiny", "--dry-run"]) == 0  # control
     data = json.loads((release_dir / "tokenizer.json").read_text(encoding="utf-8"))
     data["model"]["vocab"][300][1] -= 1.0  # one piece's score: other segmentations
@@ -601,3 +637,322 @@ def test_real_hub_upload_round_trip(release_dir):
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(result["files"]) - {".gitattributes"} == EXPECTED & {p.name for p in release_dir.iterdir()}
     assert result["private"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 35: trust nothing you did not produce
+
+
+def _refusals(model, **kwargs) -> list[str]:
+    return plan_upload(model, "someone/hitoban-tiny", **kwargs).refusals
+
+
+def _resave_sharded(model) -> None:
+    """The same folder's weights saved again with max_shard_size: other files, one index, the same tensors."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(model / "model.safetensors"))
+    (model / "model.safetensors").unlink()
+    names = sorted(tensors)
+    half = len(names) // 2
+    weight_map = {}
+    for i, part in enumerate((names[:half], names[half:]), 1):
+        shard = f"model-{i:05d}-of-00002.safetensors"
+        save_file({n: tensors[n] for n in part}, str(model / shard), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(part, shard))
+    (model / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def _edit_json(path, change) -> None:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    change(data)
+    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+
+
+IDENTITY_MUTATIONS = {
+    "sharded beside the original's pii.json": _resave_sharded,
+    "an extra shard beside model.safetensors": lambda m: shutil.copy(m / "model.safetensors",
+                                                                     m / "model-00002-of-00002.safetensors"),
+    "a swapped tokenizer.json": lambda m: _edit_json(m / "tokenizer.json",
+                                                     lambda d: d["model"]["vocab"][300].__setitem__(1, -99.0)),
+    "a replaced chat_template.jinja": lambda m: (m / "chat_template.jinja").write_text("{{ messages }}"),
+    "an edited tokenizer_config.json": lambda m: _edit_json(m / "tokenizer_config.json",
+                                                            lambda d: d.__setitem__("model_max_length", 7)),
+    "no lineage.json": lambda m: (m / "lineage.json").unlink(),
+    "a lineage without tokenizer_sha256": lambda m: _edit_json(m / "lineage.json", lambda d: d.pop("tokenizer_sha256")),
+    "a lineage without tokenizer_files_sha256": lambda m: _edit_json(
+        m / "lineage.json", lambda d: d.pop("tokenizer_files_sha256")),
+    "a lineage that is not an object": lambda m: (m / "lineage.json").write_text("[1, 2]"),
+    "a swapped tokenizer with a lineage rewritten for it by hand": lambda m: (
+        (m / "chat_template.jinja").write_text("{{ x }}"),
+        _edit_json(m / "lineage.json", lambda d: d.pop("tokenizer_files_sha256"))),
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(IDENTITY_MUTATIONS))
+def test_gates_compare_the_identity_of_every_weight_and_tokenizer_file(release_dir, mutation):
+    """Issue 35.1: the upload certifies a model by the content of all its weight files (sharded or single, index
+    included) and all its tokenizer files (chat template included), against its lineage and its PII probe; where it
+    cannot establish the identity it refuses. Negative controls on the real path: the folder hitoban saved passes,
+    each mutation of it is refused, even with --i-know (an override is for a PII finding, never for identity)."""
+    assert _refusals(release_dir) == []  # the control: what hitoban wrote
+    IDENTITY_MUTATIONS[mutation](release_dir)
+    refusals = _refusals(release_dir, override_reason="identity is not overridable")
+    assert refusals, mutation
+    assert all("\n" not in r for r in refusals if "secret scan" not in r)
+
+
+def test_sharded_weights_have_their_own_identity_and_pass_when_probed(release_dir):
+    """Sharded weights are not skipped by the gates: once their own lineage and PII probe name them, they pass."""
+    from hitoban.provenance import weights_sha256, write_lineage
+
+    single = weights_sha256(release_dir)
+    _resave_sharded(release_dir)
+    assert weights_sha256(release_dir) != single
+    assert any("other weights" in r or "lineage" in r for r in _refusals(release_dir))
+    lineage = json.loads((release_dir / "lineage.json").read_text())
+    write_lineage(release_dir, "pretrain", data_index_sha256=lineage["data_index_sha256"])
+    (release_dir / "pii.json").write_text(json.dumps(pii_result(release_dir, exact=0)))
+    plan = plan_upload(release_dir, "someone/hitoban-tiny")
+    assert plan.refusals == []
+    assert {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+            "model.safetensors.index.json"} <= {p for p, _ in plan.included}
+    (release_dir / "model-00002-of-00002.safetensors").unlink()  # an index naming a missing shard: no identity
+    assert any("weights are not" in r for r in _refusals(release_dir))
+
+
+PII_FIELDS = ["kind", "schema", "status", "weights_sha256", "tried", "exact", "partial", "samples", "exact_masked",
+              "partial_masked", "candidates", "exhausted", "corpus", "training_corpus"]
+JUNK = [None, "2", -1, 1.5, True, [], {}, "x" * 64, [{"name": "c"}]]
+
+
+def test_the_pii_report_reader_names_every_malformed_field(release_dir):
+    """Issue 35.2: one validating reader for pii.json. Every field of a real report, deleted or replaced by each
+    value of another type or range, is a PIIReportError (one line, naming the file) or a refusal, never a traceback
+    and never a pass. `"exact": "2"` used to end in a traceback."""
+    from hitoban.release.upload import PIIReportError, read_pii_report
+
+    good = json.loads((release_dir / "pii.json").read_text())
+    read_pii_report(release_dir / "pii.json")  # the control
+    for key in PII_FIELDS:
+        for value in [...] + JUNK:
+            report = dict(good)
+            if value is ...:
+                report.pop(key)
+            else:
+                report[key] = value
+            if key == "training_corpus" and value is None:
+                continue  # null is allowed (then the upload cannot establish the corpus, tested below)
+            (release_dir / "pii.json").write_text(json.dumps(report))
+            try:
+                read_pii_report(release_dir / "pii.json")
+                accepted = True
+            except PIIReportError as err:
+                accepted = False
+                assert "pii.json" in str(err) and "\n" not in str(err)
+            refusals = _refusals(release_dir)
+            assert not accepted or refusals or report[key] == good[key], (key, value)
+            assert accepted or any("pii.json" in r for r in refusals), (key, value)
+    (release_dir / "pii.json").write_text("{not json")
+    with pytest.raises(PIIReportError, match="not a readable JSON report"):
+        read_pii_report(release_dir / "pii.json")
+
+
+def _mutated_pii(model, case: str) -> dict:
+    from hitoban.provenance import sha256_file
+
+    report = pii_result(model, exact=0)
+    unrelated = model.parent / "unrelated.txt"
+    unrelated.write_text("ただの一行。\n", encoding="utf-8")
+    if case == "an unrelated one-line file, tried 1":
+        report.update(corpus=[{"name": "unrelated.txt", "sha256": sha256_file(unrelated), "kind": "file"}],
+                      training_corpus=None, tried=1, candidates=report["candidates"][:1])
+    elif case == "asked for one contact":
+        report.update(samples=1, tried=1, candidates=report["candidates"][:1], exhausted=False)
+    elif case == "tried 5 of 60 without exhausting the corpus":
+        report.update(exhausted=False)
+    elif case == "a trimmed corpus":
+        report["corpus"][0]["sha256"] = "0" * 64
+    elif case == "the corpus link of other shards":
+        report["training_corpus"]["data_index_sha256"] = "1" * 64
+    elif case == "no corpus link":
+        report["training_corpus"] = None
+    elif case == "the unrelated file beside the training corpus":
+        report["corpus"].append({"name": "unrelated.txt", "sha256": sha256_file(unrelated), "kind": "file"})
+    return report
+
+
+PII_CORPUS_CASES = ["an unrelated one-line file, tried 1", "asked for one contact",
+                    "tried 5 of 60 without exhausting the corpus", "a trimmed corpus",
+                    "the corpus link of other shards", "no corpus link",
+                    "the unrelated file beside the training corpus"]
+
+
+@pytest.mark.parametrize("case", PII_CORPUS_CASES)
+def test_the_pii_gate_needs_enough_probes_on_the_training_corpus(release_dir, case):
+    """Issue 35.2: a PII report speaks for a model only when it probed the corpus the model's lineage says it was
+    trained on (by the hash of the bytes probed) and tried >= 20 contacts or every one the corpus has."""
+    assert _refusals(release_dir) == []
+    (release_dir / "pii.json").write_text(json.dumps(_mutated_pii(release_dir, case)))
+    refusals = _refusals(release_dir)
+    assert len(refusals) == 1 and "--i-know" in refusals[0], refusals
+
+
+def test_the_pii_gate_refuses_a_model_whose_training_corpus_is_not_recorded(release_dir):
+    from hitoban.provenance import write_lineage
+
+    write_lineage(release_dir, "pretrain")  # no data_index_sha256, no corpus, no fine-tuning data
+    assert any("cannot establish the model's training corpus" in r for r in _refusals(release_dir))
+
+
+def test_the_probe_records_what_it_read_and_the_corpus_the_lineage_names(release_dir):
+    """The real path of `hitoban pii`: the report carries the model's identity, the hash of the corpus bytes and,
+    through the shard index the lineage names (found beside the corpus), the training corpus; a trimmed corpus
+    then has another identity and the upload refuses it."""
+    from hitoban.provenance import sha256_file, weights_sha256
+    from hitoban.release.upload import read_pii_report
+
+    corpus = release_dir.parent / "data" / "corpus"
+    report = pii.probe_model(release_dir, [corpus], out=release_dir.parent / "probe.json", progress=False)
+    read_pii_report(release_dir.parent / "probe.json")
+    assert report["weights_sha256"] == weights_sha256(release_dir) and report["tokenizer_files_sha256"]
+    assert report["corpus"][0]["sha256"] == sha256_file(corpus / "documents.jsonl")
+    assert report["training_corpus"]["sha256"] == report["corpus"][0]["sha256"]
+    with open(corpus / "documents.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"text": "足された一行"}\n')
+    assert pii.corpus_identity(corpus)["sha256"] != report["training_corpus"]["sha256"]
+
+
+# -- the plan: top-level allowed regular files only, judged by what they are
+
+ISSUE_35_PATHS = ["LICENSE.d/train_000.bin", "LICENSE.d/corpus.txt", "configuration_x/notes.py",
+                  "model-data/a-of-b.safetensors", "model.safetensors/inner.bin"]
+
+
+def _minimal_folder(folder):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text('{"model_type": "hitoban"}')
+    (folder / "README.md").write_text("# card\n")
+
+
+def _check_plan(folder, included) -> None:
+    """What every plan must satisfy: top-level, allowed by name, a regular file inside the folder, not NEVER."""
+    from hitoban.release.upload import MODEL_ALLOW, NEVER, has_control_characters
+
+    root = os.path.realpath(folder)
+    for rel, _ in included:
+        assert "/" not in rel and not has_control_characters(rel), rel
+        real = os.path.realpath(folder / rel)
+        assert real.startswith(root + os.sep) and os.path.isfile(real), rel
+        assert any(__import__("fnmatch").fnmatchcase(rel, p) for p in MODEL_ALLOW), rel
+        assert not any(__import__("fnmatch").fnmatchcase(os.path.basename(real), p) for p in NEVER), rel
+
+
+def test_the_issue_35_paths_are_never_planned(tmp_path):
+    import torch
+
+    from hitoban.release.upload import MODEL_ALLOW, plan_files
+
+    folder = tmp_path / "m"
+    _minimal_folder(folder)
+    for rel in ISSUE_35_PATHS:
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(b"\x01\x00" * 100)
+    (folder / "ckpt").mkdir()
+    torch.save({"state": {0: {"exp_avg": torch.zeros(3)}}}, folder / "ckpt" / "optimizer.pt")
+    (folder / "LICENSE").symlink_to(folder / "ckpt" / "optimizer.pt")
+    included, skipped, refusals = plan_files(folder, MODEL_ALLOW)
+    assert {p for p, _ in included} == {"config.json", "README.md"}
+    assert any(r.startswith("LICENSE -> ckpt/optimizer.pt") for r in refusals), refusals
+    _check_plan(folder, included)
+
+
+SNIFFED = {
+    "NOTICE": lambda p: __import__("torch").save({"exp_avg": __import__("torch").zeros(2)}, p),
+    "LICENSE": lambda p: p.write_bytes(__import__("numpy").arange(500, dtype="uint16").tobytes()),
+    "LICENSE.txt": lambda p: p.write_text('{"text": "a corpus document"}\n{"text": "another"}\n'),
+    "metrics.json": lambda p: p.write_bytes(__import__("pickle").dumps({"step": 3}, protocol=4)),
+    "model.safetensors": lambda p: __import__("safetensors.torch").torch.save_file(
+        {"model.layers.0.mlp.weight.m": __import__("torch").zeros(2), "step": __import__("torch").zeros(1)}, str(p)),
+    "tokenizer.json": lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0"),
+    "README.md": lambda p: p.write_text("x" * (3 * 2**20)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SNIFFED))
+def test_what_a_file_is_decides_not_its_name(tmp_path, name):
+    """Optimizer state, token shards, pickles, JSON lines and oversized 'cards' are refused whatever they are
+    called, directly and through a link inside the folder."""
+    from hitoban.release.upload import MODEL_ALLOW, plan_files
+
+    folder = tmp_path / "m"
+    _minimal_folder(folder)
+    SNIFFED[name](folder / "payload")
+    (folder / name).unlink(missing_ok=True)
+    os.replace(folder / "payload", folder / name)
+    _, _, refusals = plan_files(folder, MODEL_ALLOW)
+    assert any(r.startswith(name) for r in refusals), refusals
+    os.replace(folder / name, folder / "data.raw")
+    (folder / name).symlink_to(folder / "data.raw")
+    included, _, refusals = plan_files(folder, MODEL_ALLOW)
+    assert any(r.startswith(f"{name} -> data.raw") for r in refusals) and name not in dict(included), refusals
+
+
+def _segments():
+    from hypothesis import strategies as st
+
+    allowed = ["LICENSE", "LICENSE.d", "LICENSE.txt", "NOTICE", "README.md", "config.json", "configuration_x",
+               "configuration_x.py", "model-data", "model-00001-of-00002.safetensors", "tokenizer.json",
+               "chat_template.jinja", "optimizer.pt", "train_000.bin", "corpus.txt", "log.jsonl", ".env", "ckpt"]
+    odd = st.text(st.characters(codec="utf-8", exclude_characters="/\0"), min_size=1, max_size=12).filter(
+        lambda s: s not in (".", ".."))
+    return st.one_of(st.sampled_from(allowed), odd, st.sampled_from(allowed).map(lambda s: s + "\x1b[31m"),
+                     st.sampled_from(allowed).map(lambda s: "\u202e" + s))
+
+
+def test_the_plan_only_ever_holds_allowed_top_level_regular_files(tmp_path):
+    """Issue 35.4, by generation: trees of random names (allowed names used as folders, control and bidi
+    characters, nesting) with links to inside and outside files and folders; whatever the tree, the plan holds only
+    allowed top-level regular files inside the folder, and a name with control characters is refused."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from hitoban.release.upload import MODEL_ALLOW, has_control_characters, plan_files
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("secret\n")
+    entries = st.lists(st.tuples(st.lists(_segments(), min_size=1, max_size=3),
+                                 st.sampled_from(["file", "binary", "link-in", "link-out", "link-dir"])),
+                       min_size=1, max_size=8)
+    counter = iter(range(10**9))
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(entries)
+    def check(tree):
+        folder = tmp_path / f"t{next(counter)}"
+        _minimal_folder(folder)
+        for segments, kind in tree:
+            path = folder.joinpath(*segments)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                if path.exists() or path.is_symlink():
+                    continue
+                if kind == "file":
+                    path.write_text("text\n")
+                elif kind == "binary":
+                    path.write_bytes(b"\0\1\2" * 10)
+                elif kind == "link-in":
+                    path.symlink_to(folder / "README.md")
+                elif kind == "link-out":
+                    path.symlink_to(outside)
+                else:
+                    path.symlink_to(tmp_path)
+            except (OSError, ValueError):
+                continue  # a name the file system refuses
+        included, skipped, refusals = plan_files(folder, MODEL_ALLOW)
+        _check_plan(folder, included)
+        for name in os.listdir(folder):
+            if has_control_characters(name):
+                assert any(repr(name) in r or name in r for r in refusals), name
+
+    check()
