@@ -22,6 +22,7 @@ from flwr.clientapp import ClientApp
 
 from hitoban.training.federated.downlink import UPDATE, WEIGHTS, apply_update, decode_scales, weights_digest
 from hitoban.training.federated.inner import DONE_FILE, REFUSED_FILE, DoesNotFit, Machine, ShardMismatch, finite
+from hitoban.training.federated.keys import reply_payload, sign
 from hitoban.training.federated.outer import (
     DELTA,
     ERROR_DIVERGED,
@@ -47,7 +48,8 @@ def machine_for(node_config) -> Machine:
                                  cpu=bool(node_config.get("cpu", False)),
                                  precision=str(node_config.get("precision", "auto")),
                                  grad_accum=int(node_config.get("grad-accum", 1)),
-                                 memory_cap_gb=float(node_config.get("memory-cap-gb", 0)) or None)
+                                 memory_cap_gb=float(node_config.get("memory-cap-gb", 0)) or None,
+                                 signing_key=str(node_config.get("key") or "") or None)
     return _machines[key]
 
 
@@ -95,9 +97,18 @@ def train_reply(machine: Machine, msg: Message) -> Message:
         DELTA: ArrayRecord({k: v.contiguous() for k, v in result.delta.items()}),
         METRICS: MetricRecord({WEIGHT: result.windows, "tokens": result.windows * int(task["context"]),
                                "seconds": result.seconds, "loss": result.loss}),
-        TASK: ConfigRecord({"task-id": int(task["task-id"]), "run-id": str(task["run-id"]), "machine": machine.name}),
+        TASK: ConfigRecord({"task-id": int(task["task-id"]), "run-id": str(task["run-id"]), "machine": machine.name,
+                            **signature(machine, task, result.delta)}),
     })
     return Message(content, reply_to=msg)
+
+
+def signature(machine: Machine, task, delta: dict) -> dict:
+    """{"signature": hex} over (run, task, name, delta's sha256) with the machine's key; {} without one (--insecure)."""
+    if machine.signing_key is None:
+        return {}
+    payload = reply_payload(str(task["run-id"]), int(task["task-id"]), machine.name, weights_digest(delta))
+    return {"signature": sign(machine.signing_key, payload)}
 
 
 @app.train()

@@ -93,8 +93,10 @@ class Machine:
     """A joined machine: its shards, its device, the folder where its inner optimizer state lives."""
 
     def __init__(self, data: str | os.PathLike, state: str | os.PathLike, name: str, cpu: bool = False,
-                 precision: str = "auto", grad_accum: int = 1, memory_cap_gb: float | None = None):
+                 precision: str = "auto", grad_accum: int = 1, memory_cap_gb: float | None = None,
+                 signing_key: str | None = None):
         self.data, self.state, self.name = Path(data), Path(state), name
+        self.signing_key = signing_key  # node.key: every reply is signed with it (keys.sign), so the name is the key's
         self.cpu, self.precision_option, self.grad_accum = cpu, precision, grad_accum
         self.memory_cap_gb = memory_cap_gb
         self.reader = ShardReader(self.data, "train")

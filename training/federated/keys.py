@@ -107,3 +107,31 @@ def node_keys(keys: Path) -> list[Path]:
     if not found:
         raise UsageError(f"{keys}/nodes/ holds no public keys: make them with `hitoban federate keys --out {keys}`")
     return found
+
+
+# ------------------------------------------------------------------------------ who sent a reply: signed by its key
+def reply_payload(run_id: str, task_id: int, machine: str, delta_digest: str) -> bytes:
+    """What a machine signs: this run, this task, its name and the sha256 of the delta it sends. A reply cannot be
+    moved to another task, another name or another delta without the signature failing."""
+    return f"hitoban-reply\0{run_id}\0{int(task_id)}\0{machine}\0{delta_digest}".encode()
+
+
+def sign(private_key: str | os.PathLike, payload: bytes) -> str:
+    """The payload's ECDSA (SHA-256) signature by a machine's node.key (OpenSSH format), hex."""
+    key = serialization.load_ssh_private_key(Path(private_key).read_bytes(), password=None)
+    return key.sign(payload, ec.ECDSA(hashes.SHA256())).hex()
+
+
+def registered_keys(keys: str | os.PathLike) -> dict[str, ec.EllipticCurvePublicKey]:
+    """name -> public key, for every machine `serve --keys` registers (KEYS/nodes/NAME.pub)."""
+    return {path.stem: serialization.load_ssh_public_key(path.read_bytes()) for path in node_keys(Path(keys))}
+
+
+def signed_by(public_key, payload: bytes, signature: str) -> bool:
+    from cryptography.exceptions import InvalidSignature
+
+    try:
+        public_key.verify(bytes.fromhex(signature), payload, ec.ECDSA(hashes.SHA256()))
+    except (InvalidSignature, ValueError, TypeError):
+        return False
+    return True

@@ -308,8 +308,12 @@ def join(options: JoinOptions, show=print) -> int:
                          "started with --insecure), not both")
     name = options.name or socket.gethostname()
     keys = machine_keys(options, name)
-    if keys is not None and not options.name:
-        name = keys[1].parent.name.removeprefix("node-")
+    if keys is not None:  # the server knows a machine by its key: the name is the key's, never a second one
+        keyed = keys[1].parent.name.removeprefix("node-")
+        if options.name and options.name != keyed:
+            raise UsageError(f"--name {options.name} but --keys holds {keyed}'s key: the server names a machine by "
+                             f"its key; drop --name, or use node-{options.name}/")
+        name = keyed
     state = Path(options.state)
     verify_shards(options.data, full=True)  # a damaged copy is named here, before the server is dialled
     shard_digests(Path(options.data), state, verified=True)  # cached: the first task then starts at once
@@ -318,7 +322,7 @@ def join(options: JoinOptions, show=print) -> int:
     node_config = " ".join(f"{k}={json.dumps(v)}" for k, v in {
         "name": name, "data": str(Path(options.data).resolve()), "state": str(state.resolve()),
         "cpu": options.cpu, "precision": options.precision, "grad-accum": options.grad_accum,
-        "memory-cap-gb": options.memory_cap_gb or 0}.items())
+        "memory-cap-gb": options.memory_cap_gb or 0, "key": str(keys[1].resolve()) if keys else ""}.items())
     command = [str(BIN / "flower-supernode"), "--superlink", options.server, "--host", "127.0.0.1", "--port",
                str(free_port()), "--node-config", node_config]
     command += (["--root-certificates", str(keys[0].resolve()), "--auth-supernode-private-key", str(keys[1].resolve())]

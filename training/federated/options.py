@@ -55,7 +55,8 @@ class JoinOptions(Checked):
 
     server: str = option(help="the server's HOST:PORT", positional=True)
     data: str = option(help="this machine's copy of the server's shard folder (checked by sha256 before training)")
-    name: str | None = option(None, "this machine's name in the run's records (default: the host name)")
+    name: str | None = option(None, "this machine's name in the run's records (default: the host name; with --keys, "
+                                    "the key's name, which the server checks on every reply)")
     state: str = option("hitoban-machine", "folder for this machine's inner optimizer state and shard digests")
     keys: str | None = option(None, "a folder from `hitoban federate keys` (or its node-NAME part): the CA "
                                     "certificate and this machine's private key")

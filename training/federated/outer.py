@@ -11,6 +11,7 @@ accumulates in the arrays' own dtype, and fp16 sums lose bits); the step is torc
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import numpy as np
@@ -27,6 +28,7 @@ DELTA, METRICS, TASK = "delta", "metrics", "task"  # the record names of a machi
 ERROR_SHARDS, ERROR_DIVERGED, ERROR_WEIGHTS, ERROR_MEMORY = 4001, 4002, 4003, 4004
 WEIGHT = "num-examples"  # Flower's weighting key: here the tokens the delta was trained on
 DELTA_DTYPES = ("float16", "float32")  # bf16 cannot travel (numpy has no bf16): machines send fp16
+MAX_TO_WEIGHTS, MAX_TO_MEDIAN = 10.0, 10.0  # a delta's bounds (out_of_bounds)
 
 
 def shared_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -40,9 +42,18 @@ def shared_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def whole_number(value) -> int | None:
+    """`value` as an int when it is a finite number with no fraction (16.9 is not 16), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return int(value) if value == int(value) else None
+
+
 def refusal(reply: Message, task: Task | None, expected: dict[str, tuple[int, ...]], run_id: str) -> str | None:
-    """Why a machine's reply must not be averaged in, or None. `task` is the task the server gave the replying node
-    (None: it gave it none); `expected` the delta's tensors and shapes."""
+    """Why a machine's reply must not be averaged in, or None: the one reader of a reply. `task` is the task the
+    server gave the replying node (None: it gave it none); `expected` the delta's tensors and shapes. Every field
+    the server uses is checked here (present, typed, finite, in range); what a machine says about its own speed is
+    not read at all (the server measures it)."""
     node = reply.metadata.src_node_id
     if reply.has_error():
         return f"node {node} replied with an error: {reply.error.reason}"
@@ -57,10 +68,14 @@ def refusal(reply: Message, task: Task | None, expected: dict[str, tuple[int, ..
         return f"the delta for task {task.task_id} came from node {node}, but the task was given to node {task.node}"
     delta = content.array_records.get(DELTA)
     metrics = content.metric_records.get(METRICS)
-    if delta is None or metrics is None or WEIGHT not in metrics:
-        return f"node {node}'s reply has no delta or no token count"
-    if int(metrics[WEIGHT]) != task.windows:
-        return f"node {node} says it trained {int(metrics[WEIGHT])} windows; its task has {task.windows}"
+    if delta is None or metrics is None:
+        return f"node {node}'s reply has no delta or no metrics"
+    windows = whole_number(metrics.get(WEIGHT))
+    if windows != task.windows:
+        return f"node {node} says it trained {metrics.get(WEIGHT)!r} windows; its task has {task.windows}"
+    loss = metrics.get("loss")
+    if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss) or loss < 0:
+        return f"node {node}'s loss is {loss!r}: a finite number >= 0 was expected"
     missing, unexpected = sorted(set(expected) - set(delta)), sorted(set(delta) - set(expected))
     if missing or unexpected:
         return f"node {node}'s delta has the wrong tensors (missing {missing[:3]}, unexpected {unexpected[:3]})"
@@ -73,6 +88,33 @@ def refusal(reply: Message, task: Task | None, expected: dict[str, tuple[int, ..
         if not np.isfinite(array.numpy()).all():
             return f"node {node}'s delta {name} is not finite (NaN or inf)"
     return None
+
+
+def delta_norm(delta: ArrayRecord) -> float:
+    """The L2 norm of a whole delta, summed in float64 (a finite fp32 delta of 3e38 squares past fp32's range)."""
+    return math.sqrt(sum(float(np.square(array.numpy().astype(np.float64)).sum()) for array in delta.values()))
+
+
+def out_of_bounds(norms: dict[int, float], weights_norm: float) -> dict[int, str]:
+    """node -> why, for the round's deltas no honest task makes. The rules, each a refusal (never a clip: a clipped
+    delta would still be credited as trained):
+    - an all-zero delta: nothing was trained;
+    - a norm over MAX_TO_WEIGHTS times the global weights' norm: a task of inner steps does not move the model
+      further than ten times its own size (the honest tiny runs here move it well under once);
+    - with three or more non-zero replies, a norm over MAX_TO_MEDIAN times their median: one machine's step is not
+      ten times everyone else's. With one or two machines only the first two rules apply."""
+    moved = [norm for norm in norms.values() if norm > 0]  # zeros are refused anyway: they must not set the median
+    median = float(np.median(moved)) if len(moved) >= 3 else None
+    refused = {}
+    for node, norm in norms.items():
+        if norm == 0:
+            refused[node] = "its delta is all zeros: nothing was trained"
+        elif norm > MAX_TO_WEIGHTS * weights_norm:
+            refused[node] = (f"its delta's norm {norm:.3g} is over {MAX_TO_WEIGHTS:g}x the global weights' "
+                             f"({weights_norm:.3g})")
+        elif median is not None and norm > MAX_TO_MEDIAN * median:
+            refused[node] = f"its delta's norm {norm:.3g} is over {MAX_TO_MEDIAN:g}x the round's median ({median:.3g})"
+    return refused
 
 
 class DiLoCo(FedAvg):
@@ -92,12 +134,16 @@ class DiLoCo(FedAvg):
         replies = [r for r in replies if not r.has_error()]
         if not replies:
             return None, None
-        widened = [RecordDict({DELTA: ArrayRecord({k: Array(v.numpy().astype(np.float32)) for k, v in
-                                                   r.content.array_records[DELTA].items()}),
-                               METRICS: r.content.metric_records[METRICS]}) for r in replies]
-        mean = aggregate_arrayrecords(widened, WEIGHT).to_torch_state_dict()
+        # only what `refusal` checked travels on: the delta, the task's window count (equal to the claim, or refused)
+        # and the loss; a machine's other metrics never reach the aggregate
+        kept = [RecordDict({DELTA: ArrayRecord({k: Array(v.numpy().astype(np.float32)) for k, v in
+                                                r.content.array_records[DELTA].items()}),
+                            METRICS: MetricRecord({WEIGHT: int(r.content.metric_records[METRICS][WEIGHT]),
+                                                   "loss": float(r.content.metric_records[METRICS]["loss"])})})
+                for r in replies]
+        mean = aggregate_arrayrecords(kept, WEIGHT).to_torch_state_dict()
         self.outer_step(mean)
-        metrics = self.train_metrics_aggr_fn([r.content for r in replies], WEIGHT)
+        metrics = self.train_metrics_aggr_fn(kept, WEIGHT)
         return ArrayRecord({k: v.detach() for k, v in shared_tensors(self.model).items()}), metrics
 
     @torch.no_grad()

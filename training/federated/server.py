@@ -15,6 +15,7 @@ log.jsonl, heartbeat.json, summary.json.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -38,6 +39,7 @@ from hitoban.training.federated.downlink import (
     weights_digest,
 )
 from hitoban.training.federated.inner import trajectory_of
+from hitoban.training.federated.keys import registered_keys, reply_payload, signed_by
 from hitoban.training.federated.options import ServeOptions
 from hitoban.training.federated.outer import (
     DELTA,
@@ -47,6 +49,8 @@ from hitoban.training.federated.outer import (
     METRICS,
     TASK,
     DiLoCo,
+    delta_norm,
+    out_of_bounds,
     refusal,
     shared_tensors,
 )
@@ -56,6 +60,7 @@ from hitoban.training.pretrain.checkpoint import (
     check_resumable,
     current_slot,
     export_final,
+    has_checkpoint,
     load_latest,
     save_checkpoint,
 )
@@ -65,6 +70,7 @@ OPTIONS_FILE = "federate.json"  # the server's options, written by `federate ser
 DONE = "done"  # the message type's config value that tells a machine the run is over
 FEDERATED_KEYS = ("tokens", "inner_steps", "probe_steps", "outer_lr", "outer_momentum")
 SAME_RANGE_FAILURES, FAILURES_IN_A_ROW = 2, 3  # a machine failing this often is offered no more tasks
+POLL_SECONDS = 0.5  # how often the server asks the SuperLink for replies (Flower's own loop waits 3 s)
 
 
 class NoMachineCanTrain(ResourceError):
@@ -85,6 +91,35 @@ def plan_budget(options: ServeOptions, train: ShardReader) -> tuple:
     return config, context, budget
 
 
+def exchange(grid, messages: list[Message], timeout: float) -> list[tuple[Message, float]]:
+    """Flower's send_and_receive, with the server's own clock time at which each reply arrived: a machine's speed
+    is measured here, never taken from its reply. A grid without push/pull gives every reply the round's end."""
+    if not hasattr(grid, "push_messages"):
+        replies = list(grid.send_and_receive(messages, timeout=timeout))
+        return [(reply, time.time()) for reply in replies]
+    waiting, arrived, deadline = set(grid.push_messages(messages)), [], time.time() + timeout
+    while waiting and time.time() < deadline:
+        for reply in grid.pull_messages(waiting):
+            arrived.append((reply, time.time()))
+            waiting.discard(reply.metadata.reply_to_message_id)
+        if waiting:
+            time.sleep(POLL_SECONDS)
+    return arrived
+
+
+def snapshot(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    return ({k: v.detach().clone() for k, v in model.state_dict().items()}, copy.deepcopy(optimizer.state_dict()))
+
+
+def restore(model: torch.nn.Module, optimizer: torch.optim.Optimizer, saved: tuple[dict, dict]) -> None:
+    model.load_state_dict(saved[0])
+    optimizer.load_state_dict(copy.deepcopy(saved[1]))
+
+
+def model_is_finite(model: torch.nn.Module) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
 def read_options(run: Path) -> ServeOptions:
     return ServeOptions(**json.loads((run / OPTIONS_FILE).read_text()))
 
@@ -97,6 +132,7 @@ class Server:
         self.options = options = read_options(self.run)
         data = Path(options.data)
         index = load_index(data)
+        self.corpus_sha256 = (index.get("corpus") or {}).get("sha256")  # the corpus the shards were encoded from
         self.train = ShardReader(data, "train")
         self.val = ShardReader(data, "val", verify=False) if index["splits"]["val"]["tokens"] else None
         from hitoban.modeling import HitobanForCausalLM
@@ -121,7 +157,8 @@ class Server:
         self.state = TrainState(run_id=uuid.uuid4().hex, seed=options.seed, fingerprint=self.fingerprint,
                                 data_index_sha256=self.fingerprint["data_index_sha256"],
                                 args={k: v for k, v in dataclasses.asdict(options).items() if k not in ("data", "out")})
-        self.machines: dict[str, dict] = {}  # str(node id) -> {"name", "tok_s"}
+        self.machines: dict[str, dict] = {}  # str(node id) -> {"name", "tok_s"}: names as `_identify` checked them
+        self.keys = registered_keys(options.keys) if options.keys else None  # name -> public key (--keys)
         # the downlink (training/federated/downlink.py): which global weights (by round) each node holds, and the
         # fp16 outer update of the last round; neither is saved: after a resume every machine gets the weights
         self.held: dict[int, int] = {}
@@ -139,7 +176,7 @@ class Server:
         return math.ceil(self.queue.budget_windows / self.global_batch)
 
     def _resume(self) -> bool:
-        if self.options.resume != "auto" or current_slot(self.run) is None:
+        if self.options.resume != "auto" or not has_checkpoint(self.run):  # damaged slots are refused, not skipped
             return False
         _, saved, _, _ = load_latest(self.run, self.model, self.strategy.optimizer,
                                      check=lambda state: check_resumable(state, self.fingerprint), log=self.log)
@@ -252,66 +289,135 @@ class Server:
                                         TASK: self._task_config(task, version, digest, payloads[node][2],
                                                                    round_start, round_windows)}),
                             dst_node_id=node, message_type=MessageType.TRAIN) for node, task in tasks.items()]
-        began = time.time()
         self.log(f"round {round_}: {len(tasks)} machine(s), windows "
                  + ", ".join(f"{self._name(n)} [{t.start:,}, {t.end:,})" for n, t in tasks.items()))
-        replies = list(grid.send_and_receive(messages, timeout=self.options.lease_minutes * 60))
+        began = time.time()
+        arrivals = exchange(grid, messages, self.options.lease_minutes * 60)
         # which node a reply answers: by the message it replies to (the SuperLink's own errors, e.g. a node gone
         # offline, come from node 1); the sender is then checked against the task's node (`refusal`)
         asked = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
-        by_node: dict[int, Message] = {}
-        for reply in replies:
+        by_node: dict[int, tuple[Message, float]] = {}
+        for reply, arrived in arrivals:
             node = asked.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
             if node in tasks and node not in by_node:
-                by_node[node] = reply
+                by_node[node] = (reply, arrived - began)
             else:  # a reply nobody asked for (or a second one): logged, never averaged
                 self._refuse(round_, node, refusal(reply, None, self.expected, self.state.run_id))
-        accepted = []
+        checked = {}
         for node, task in tasks.items():
-            reply = by_node.get(node)
-            if reply is not None and reply.has_content() and TASK in reply.content.config_records:
-                named = reply.content.config_records[TASK].get("machine")  # a label for the records, trusted no more
-                if named:
-                    self.machines.setdefault(str(node), {"tok_s": None})["name"] = str(named)
-            why = (f"no reply within the lease ({self.options.lease_minutes:g} min)" if reply is None else
-                   refusal(reply, task, self.expected, self.state.run_id))
+            reply, _ = by_node.get(node, (None, None))
+            if reply is None:
+                why = f"no reply within the lease ({self.options.lease_minutes:g} min)"
+            else:  # who sent it first, so that a refused reply is put down to the machine that sent it
+                unknown = None if reply.has_error() else self._identify(node, reply, task)
+                why = refusal(reply, task, self.expected, self.state.run_id) or unknown
             if why is None:
-                accepted.append((reply, task))
-                continue
-            self._refuse(round_, node, why, task)
-            self.held.pop(node, None)  # what it holds now is unknown: the weights in full next time
-            self.queue.lose(task, self._name(node), why, down[node])
-            code = reply.error.code if reply is not None and reply.has_error() else None
-            if code == ERROR_SHARDS:
-                self.refused_nodes[str(node)] = reply.error.reason  # never given a task again
-            elif code != ERROR_WEIGHTS:  # weights that did not match go in full next time: not its failure
-                self._count_failure(grid, round_, node, task, why, at_once=code == ERROR_MEMORY)
-        if accepted:
-            self.strategy.aggregate_train(round_, [reply for reply, _ in accepted])
+                checked[node] = reply
+            else:
+                self._lose(grid, round_, node, task, why, reply, down[node])
+        norms = {node: delta_norm(reply.content.array_records[DELTA]) for node, reply in checked.items()}
+        weights_norm = math.sqrt(sum(float(t.double().square().sum()) for t in current.values()))
+        for node, why in out_of_bounds(norms, weights_norm).items():
+            self._lose(grid, round_, node, tasks[node], why, checked.pop(node), down[node])
+        accepted = self._outer_step(grid, round_, checked, tasks, down)
         self._round_the_step(current, round_)
         round_tokens = 0
-        for reply, task in accepted:
-            metrics, info = reply.content.metric_records[METRICS], reply.content.config_records[TASK]
-            node = reply.metadata.src_node_id
-            tok_s = float(metrics["tokens"]) / max(float(metrics["seconds"]), 1e-9)
-            self.machines[str(node)] = {"name": str(info.get("machine", f"node-{node}")), "tok_s": tok_s}
+        for node in accepted:
+            reply, task, seconds = checked[node], tasks[node], by_node[node][1]
+            # the machine's speed is what the server saw: its task's tokens over the time to its reply (what it
+            # claims about its own tokens and seconds is never read)
+            self.machines[str(node)] = {**self.machines.get(str(node), {}),
+                                        "tok_s": task.windows * self.context / max(seconds, 1e-3)}
             up = reply.content.array_records[DELTA].count_bytes()
-            self.queue.complete(task, self._name(node), float(metrics["seconds"]), up, down[node])
+            self.queue.complete(task, self._name(node), round(seconds, 3), up, down[node])
             self.held[node] = version  # it checked the weights' sha256 before training from them
             self.failures.pop(str(node), None)
             round_tokens += task.windows * self.context
         self.state.step = round_
         self.state.tokens_seen = self.queue.completed_windows * self.context
         seconds = time.time() - began
+        kept = [(checked[n], tasks[n]) for n in accepted]
         record = {"type": "round", "round": round_, "machines": len(tasks), "accepted": len(accepted),
                   "tokens": round_tokens, "tokens_seen": self.state.tokens_seen, "seconds": round(seconds, 2),
-                  "train_loss": (sum(float(r.content.metric_records[METRICS]["loss"]) * t.windows for r, t in accepted)
-                                 / max(sum(t.windows for _, t in accepted), 1)) if accepted else None,
+                  "train_loss": (sum(float(r.content.metric_records[METRICS]["loss"]) * t.windows for r, t in kept)
+                                 / max(sum(t.windows for _, t in kept), 1)) if kept else None,
                   "bytes_down": sum(down.values()), "bytes_up": sum(r.content.array_records[DELTA].count_bytes()
-                                                                   for r, _ in accepted)}
+                                                                   for r, _ in kept)}
         self.rounds_log.append(record)
         self._record(record)
         self._heartbeat(seconds, record)
+
+    def _identify(self, node: int, reply: Message, task: Task) -> str | None:
+        """Why the reply's machine name cannot be trusted, or None (and the node is known by that name from now
+        on). With --keys the name is the key's: the reply must carry a signature of (run, task, name, delta) by
+        the registered key of the name it gives. Without keys (--insecure) a name belongs to the first node that
+        used it; another node giving it is refused."""
+        info, delta = reply.content.config_records.get(TASK), reply.content.array_records.get(DELTA)
+        if info is None or delta is None:
+            return "its reply has no task record or no delta"
+        claimed = str(info.get("machine") or f"node-{node}")
+        if self.keys is not None:
+            key = self.keys.get(claimed)
+            if key is None:
+                return f"its reply names {claimed!r}, which has no registered key"
+            try:
+                digest = weights_digest(delta.to_torch_state_dict())
+            except (TypeError, ValueError, RuntimeError) as error:
+                return f"its delta cannot be read ({type(error).__name__})"
+            payload = reply_payload(self.state.run_id, task.task_id, claimed, digest)
+            if not signed_by(key, payload, str(info.get("signature", ""))):
+                return f"its reply names {claimed!r} but is not signed by {claimed!r}'s key"
+        holder = next((n for n, m in self.machines.items() if m.get("name") == claimed and n != str(node)), None)
+        if holder is not None:
+            return f"its reply names {claimed!r}, the name of node {holder}"
+        known = self.machines.get(str(node), {}).get("name")
+        if known is not None and known != claimed:
+            return f"it was {known!r} and now names itself {claimed!r}"
+        self.machines.setdefault(str(node), {"tok_s": None})["name"] = claimed
+        return None
+
+    def _lose(self, grid, round_: int, node: int, task: Task, why: str, reply: Message | None, down: int) -> None:
+        """A task that is not averaged in goes back to the queue, and counts against its machine."""
+        self._refuse(round_, node, why, task)
+        self.held.pop(node, None)  # what it holds now is unknown: the weights in full next time
+        self.queue.lose(task, self._name(node), why, down)
+        code = reply.error.code if reply is not None and reply.has_error() else None
+        if code == ERROR_SHARDS:
+            self.refused_nodes[str(node)] = reply.error.reason  # never given a task again
+        elif code != ERROR_WEIGHTS:  # weights that did not match go in full next time: not its failure
+            self._count_failure(grid, round_, node, task, why, at_once=code == ERROR_MEMORY)
+
+    def _outer_step(self, grid, round_: int, checked: dict[int, Message], tasks: dict[int, Task],
+                    down: dict[int, int]) -> list[int]:
+        """The outer step on the checked deltas; the nodes whose deltas are in it. A step that leaves the global
+        model non-finite is rolled back, the deltas that do so on their own are refused by name, and the rest are
+        applied again: no non-finite model is ever kept, or saved."""
+        if not checked:
+            return []
+        before = snapshot(self.model, self.strategy.optimizer)
+        self.strategy.aggregate_train(round_, list(checked.values()))
+        if model_is_finite(self.model):
+            return list(checked)
+        offenders = []
+        for node, reply in checked.items():
+            restore(self.model, self.strategy.optimizer, before)
+            self.strategy.aggregate_train(round_, [reply])
+            if not model_is_finite(self.model):
+                offenders.append(node)
+        restore(self.model, self.strategy.optimizer, before)
+        rest = {n: r for n, r in checked.items() if n not in offenders} if offenders else {}
+        for node in [n for n in checked if n not in rest]:
+            self._lose(grid, round_, node, tasks[node], "the outer step with its delta made the global model "
+                       "non-finite: rolled back", checked[node], down[node])
+        if rest:
+            self.strategy.aggregate_train(round_, list(rest.values()))
+            if not model_is_finite(self.model):  # finite alone, not together: none of them is kept
+                restore(self.model, self.strategy.optimizer, before)
+                for node in rest:
+                    self._lose(grid, round_, node, tasks[node], "this round's deltas together made the global "
+                               "model non-finite: rolled back", checked[node], down[node])
+                return []
+        return list(rest)
 
     def _count_failure(self, grid, round_: int, node: int, task: Task, why: str, at_once: bool) -> None:
         """A lost task counts against its machine: one that cannot hold the step (`at_once`), fails the same range
@@ -384,6 +490,8 @@ class Server:
         self.log(f"round {self.state.step}: val loss {result['val_loss']:.4f}")
 
     def _save(self) -> Path:
+        if not model_is_finite(self.model):  # `_outer_step` rolls such a step back: this is the last line of defence
+            raise RuntimeError("the global model is not finite; it was not saved (the last checkpoint is kept)")
         self.state.extra = {"queue": self.queue.to_json(), "machines": self.machines,
                             "refused_nodes": self.refused_nodes, "global_batch": self.global_batch}
         return save_checkpoint(self.run, self.model, self.strategy.optimizer, self.state, self.tokenizer_dir)
@@ -405,7 +513,7 @@ class Server:
             "resumes": self.state.resumes, "elapsed_hours": round(self.state.elapsed_sec / 3600, 4),
             "hardware": "federated: " + ", ".join(sorted(self.queue.per_node)), "federated": self.lineage(),
             "data_index_sha256": self.fingerprint["data_index_sha256"],
-            "tokenizer_sha256": self.fingerprint["tokenizer_sha256"]})
+            "corpus_sha256": self.corpus_sha256, "tokenizer_sha256": self.fingerprint["tokenizer_sha256"]})
         nodes = list(grid.get_node_ids())
         if nodes:  # tell the machines the run is over (best effort: a machine that misses it just idles)
             done = [Message(RecordDict({TASK: ConfigRecord({"run-id": self.state.run_id, DONE: 1})}),

@@ -128,6 +128,7 @@ class Trainer:
         self.report_to = parse_report_to(cfg.report_to)
         check_available(self.report_to)  # a missing tracker package is an error now, not an empty dashboard later
         index = load_index(data)
+        self.corpus_sha256 = (index.get("corpus") or {}).get("sha256")  # the corpus the shards were encoded from
         facts = device_facts(device_for(cfg.cpu))
         if os.environ.get(DETERMINISTIC_ENV) and facts.type == "cuda":  # the kill test: same device, same bits
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS's first use
@@ -347,7 +348,7 @@ class Trainer:
             "val_loss": val_loss, "tokens_seen": state.tokens_seen, "resumes": state.resumes,
             "elapsed_hours": round(self.elapsed() / 3600, 4), "hardware": self.hardware,
             "device_plan": self.device_plan, "data_index_sha256": state.fingerprint["data_index_sha256"],
-            "tokenizer_sha256": state.fingerprint["tokenizer_sha256"]})
+            "corpus_sha256": self.corpus_sha256, "tokenizer_sha256": state.fingerprint["tokenizer_sha256"]})
 
     def evaluate_and_keep_best(self) -> None:
         """Validation; a new best is saved and exported as final/. Every rank takes the same decision (the save is

@@ -60,3 +60,21 @@ def test_a_machine_whose_server_never_answers_leaves_after_wait_minutes(tiny_sha
         join(JoinOptions(server=f"127.0.0.1:{free_port()}", data=str(tiny_shards), name="m", state=str(tmp_path),
                          insecure=True, wait_minutes=0.04), show=lambda line: None)
     assert time.time() - started < 60  # it left; the SuperNode it started is stopped with it
+
+
+def test_a_reply_is_signed_by_its_machine_s_key_and_by_no_other(tmp_path):
+    """The name a server credits is the key's: a signature verifies only with the signer's registered public key and
+    only over the same run, task, name and delta digest (each field changed in turn is the negative control)."""
+    from hitoban.training.federated.keys import registered_keys, reply_payload, sign, signed_by
+
+    make_keys(tmp_path / "keys", ["a", "b"], ["localhost"])
+    keys = registered_keys(tmp_path / "keys")
+    payload = reply_payload("run", 3, "a", "d" * 64)
+    signature = sign(tmp_path / "keys" / "node-a" / "node.key", payload)
+    assert signed_by(keys["a"], payload, signature)
+    assert not signed_by(keys["b"], payload, signature)
+    for changed in (reply_payload("other", 3, "a", "d" * 64), reply_payload("run", 4, "a", "d" * 64),
+                    reply_payload("run", 3, "b", "d" * 64), reply_payload("run", 3, "a", "e" * 64)):
+        assert not signed_by(keys["a"], changed, signature)
+    for garbage in ("", "zz", "00" * 10, signature[:-2]):
+        assert not signed_by(keys["a"], payload, garbage)

@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("flwr", reason="the federated extra: pip install 'hitoban[federated]'")
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
-from hitoban.training.federated.outer import DELTA, METRICS, TASK, WEIGHT, DiLoCo, refusal  # noqa: E402
+from hitoban.training.federated.outer import (  # noqa: E402
+    DELTA,
+    METRICS,
+    TASK,
+    WEIGHT,
+    DiLoCo,
+    delta_norm,
+    out_of_bounds,
+    refusal,
+)
 from hitoban.training.federated.tasks import Task  # noqa: E402
 
 TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 1  # what a ServerApp process has set
@@ -111,3 +124,57 @@ def test_an_error_reply_and_an_unasked_delta_are_refused():
     error = Message(Error(code=4001, reason="ShardMismatch: shard train-000.bin differs"), reply_to=asked)
     assert "ShardMismatch" in refusal(error, Task(0, 0, 4, 5, 1), SHAPES, "r")
     assert "did not give it" in refusal(reply(5, GOOD, 4), None, SHAPES, "r")
+
+
+def with_metrics(values: dict) -> Message:
+    """A good reply whose metric record holds `values` instead (a key mapped to None is left out)."""
+    made = reply(5, GOOD, 4)
+    metrics = made.content.metric_records[METRICS]
+    for key, value in values.items():
+        if value is None:
+            del metrics[key]
+        else:
+            metrics[key] = value
+    return made
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.sampled_from([WEIGHT, "loss"]),
+       value=st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**13, 10**13)))
+def test_every_metric_value_is_either_the_task_s_own_or_refused_by_name(key, value):
+    """The class behind `num-examples` NaN (a ValueError), 16.9 windows for a 16-window task (accepted) and a missing
+    field (a KeyError after acceptance): whatever a machine puts there, the reader answers, and accepts only a
+    whole window count equal to the task's and a finite loss >= 0."""
+    task = Task(task_id=0, start=0, end=4, node=5, round=1)
+    why = refusal(with_metrics({key: value}), task, SHAPES, "r")
+    good = (value is not None and not isinstance(value, bool) and math.isfinite(value)
+            and (value == 4 if key == WEIGHT else value >= 0))
+    assert (why is None) == good, (key, value, why)
+    if why is not None:
+        assert "node 5" in why
+
+
+def test_what_a_machine_says_about_its_speed_is_never_read():
+    task = Task(task_id=0, start=0, end=4, node=5, round=1)
+    assert refusal(with_metrics({"tokens": None, "seconds": None}), task, SHAPES, "r") is None
+    assert refusal(with_metrics({"tokens": float("nan"), "seconds": -1.0}), task, SHAPES, "r") is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(honest=st.lists(st.floats(0.1, 1.0), min_size=0, max_size=6), scale=st.floats(1e-3, 1e30))
+def test_a_delta_out_of_bounds_is_refused_and_honest_spreads_are_not(honest, scale):
+    """The bounds against the global weights and the round's median: an honest spread (norms within 10x of each
+    other, under the weights' norm) is never refused; zero always is; a delta over 10x the weights' always is."""
+    weights_norm = 1.0
+    norms = dict(enumerate(honest))
+    assert out_of_bounds(norms, weights_norm) == {}
+    with_zero = out_of_bounds({**norms, 99: 0.0}, weights_norm)
+    assert set(with_zero) == {99} and "all zeros" in with_zero[99]
+    outlier = out_of_bounds({**norms, 99: 10.0 * weights_norm * (1 + scale)}, weights_norm)
+    assert set(outlier) == {99} and "global weights" in outlier[99]
+
+
+def test_a_norm_ten_times_the_round_s_median_is_refused_with_three_or_more_replies():
+    assert set(out_of_bounds({1: 0.1, 2: 0.12, 3: 2.0}, 100.0)) == {3}
+    assert out_of_bounds({1: 0.1, 3: 2.0}, 100.0) == {}  # two replies: no median to stand on
+    assert delta_norm(ArrayRecord({"a": Array(np.full(3, 3e38, np.float32))})) == pytest.approx(3e38 * 3 ** 0.5)
