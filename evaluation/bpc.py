@@ -24,8 +24,8 @@ import numpy as np
 
 from hitoban.errors import InputError
 from hitoban.evaluation.options import DOMAIN_CHARS
+from hitoban.files import read_text
 from hitoban.provenance import write_json
-from hitoban.training.data.text import read_text
 from hitoban.training.data.tokenizer import MARKERS
 from hitoban.training.nll import token_nats
 

@@ -21,7 +21,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from hitoban.errors import InputError
-from hitoban.training.data.text import read_text
+from hitoban.files import read_text
 
 SAMPLING = {"temperature": 0.8, "top_k": 40, "repetition_penalty": 1.15, "penalty_window": 64,
             "max_new_tokens": 200, "seed": 777}
@@ -193,11 +193,12 @@ def evaluate_generation(model_dir: str | Path, questions: str | Path, out: str |
     from hitoban.provenance import weights_sha256, write_json
 
     items = load_questions(questions)[:limit]
-    model, tokenizer = load_model_and_tokenizer(model_dir, device)
+    model, tokenizer = load_model_and_tokenizer(model_dir, device, chat_template=True)
     report = {"kind": "generation-metrics", "schema": 1, "model": Path(model_dir).name,
               "weights_sha256": weights_sha256(model_dir), "questions": Path(questions).name,
               **generation_metrics(model, tokenizer, items, settings, progress)}
     if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)  # `--out reports/gen.json` into a folder not made yet
         write_json(out, report)
     return report
 

@@ -33,7 +33,10 @@ def check_kvcache(
     """Greedy-decode `steps` tokens with the cache and compare each step's logits with a full forward. `model`: a
     model, a from_pretrained folder (on `device`, default the best there is), or None for a random tiny model."""
     if isinstance(model, (str, Path)):
-        model = HitobanForCausalLM.from_pretrained(model).to(device or device_for())
+        from hitoban.modeling.loading import check_model_folder
+
+        folder = check_model_folder(model, tokenizer=False)
+        model = HitobanForCausalLM.from_pretrained(folder).to(device or device_for())
     torch.manual_seed(seed)
     model = (model or HitobanForCausalLM(HitobanConfig(**KVCACHE_CONFIG))).float().eval()
     ids = torch.randint(0, model.config.vocab_size, (1, prompt_len)).to(model.device)

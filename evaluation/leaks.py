@@ -37,9 +37,9 @@ from pathlib import Path
 import numpy as np
 
 from hitoban.evaluation.matching import LeakScanError, Matcher, scan_bytes_chunks
+from hitoban.files import read_text
 from hitoban.provenance import write_json
 from hitoban.training.data.markers import MARKERS
-from hitoban.training.data.text import read_text
 
 CHUNK = 16 * 2**20
 MIN_WHOLE_TURN_BYTES = 23  # the fast engine's minimum, so whole turns never force a slower engine

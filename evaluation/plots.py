@@ -3,19 +3,26 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from hitoban.errors import InputError, MissingInputError
+from hitoban.files import check_fields, read_json, read_jsonl
+
+RECORD_FIELDS = {"train": {"step": int, "loss": (int, float)}, "eval": {"step": int, "val_loss": (int, float)},
+                 "resume": {"step": int}}
 
 
 def read_log(run: str | Path) -> dict:
+    """A run's log.jsonl by kind of record, read as far as it is whole (`note` says where a half-written last line
+    was left out); a record lacking what a figure plots is refused with its line."""
     path = Path(run) / "log.jsonl"
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise MissingInputError(f"{path}: no training log (is this a `hitoban pretrain` run folder?)")
-    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records, note = read_jsonl(path, f"{run}", fields={"type": str})
+    for number, record in enumerate(records, 1):
+        check_fields(record, RECORD_FIELDS.get(record["type"], {}), f"{path.name} record {number}")
     return {"train": [r for r in records if r["type"] == "train"], "eval": [r for r in records if r["type"] == "eval"],
-            "resume": [r for r in records if r["type"] == "resume"]}
+            "resume": [r for r in records if r["type"] == "resume"], "note": note}
 
 
 def plot_run(run: str | Path, out: str | Path | None = None) -> list[Path]:
@@ -29,6 +36,8 @@ def plot_run(run: str | Path, out: str | Path | None = None) -> list[Path]:
     use_japanese_font()
     run = Path(run)
     log = read_log(run)
+    if log["note"]:
+        print(f"note: {log['note']}", flush=True)
     if not log["train"]:
         raise InputError(f"{run}/log.jsonl has no train records yet")
     out = Path(out or run / "plots")
@@ -56,7 +65,7 @@ def plot_run(run: str | Path, out: str | Path | None = None) -> list[Path]:
     plt.close(fig)
     killtest = run / "killtest.json"
     if killtest.exists():
-        plot_killtest(json.loads(killtest.read_text()), out / "killtest.png")
+        plot_killtest(read_json(killtest, f"{run}"), out / "killtest.png")
         paths.append(out / "killtest.png")
     return paths
 

@@ -240,8 +240,8 @@ def probe_model(model_dir: str | os.PathLike, corpus: list[str | os.PathLike], s
     files), the corpus probed (the hash of its bytes) and, when its lineage's shard index is beside that corpus,
     the corpus the model was pretrained on, which `hitoban upload` compares; it is also written to `out`.
     `device`: where the model runs (default: the best there is)."""
+    from hitoban.files import require_file
     from hitoban.modeling.loading import load_model_and_tokenizer
-    from hitoban.training.data.text import require_file
 
     require_file(Path(model_dir) / "config.json", f"{model_dir} is not a model folder",
                  made_by="`hitoban pretrain` (RUN/final), `sft` or `tone`")

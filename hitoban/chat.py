@@ -94,7 +94,8 @@ def run_chat(model_dir: str, precision: str = "auto") -> None:
     from hitoban.modeling.loading import device_for, load_model_and_tokenizer
 
     device = device_for()
-    model, tok = load_model_and_tokenizer(model_dir, device, chat_dtype(precision, device.type))
+    model, tok = load_model_and_tokenizer(model_dir, device, chat_dtype(precision, device.type),
+                                          chat_template=True)
 
     def read_line():
         try:

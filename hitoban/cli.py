@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(message: str) -> str:
+    """The message with control characters escaped: a file name holding a newline or an escape sequence must not
+    break the one error line or drive the terminal."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in message)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
@@ -73,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except HitobanError as err:  # something the user can act on: one line and its named exit code
-        print(f"hitoban {args.verb}: error: {err}", file=sys.stderr)
+        print(f"hitoban {args.verb}: error: {one_line(str(err))}", file=sys.stderr)
         return int(err.exit_code)
     except KeyboardInterrupt:
         print(f"hitoban {args.verb}: interrupted", file=sys.stderr)

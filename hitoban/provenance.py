@@ -22,6 +22,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from hitoban.errors import InputError, MissingInputError
+
 LINEAGE_FILE = "lineage.json"
 LLAMA_EXPORT_STAGE = "export-llama"  # the lineage stage of `hitoban export-llama`'s folders (card/upload read it)
 # A folder holding a file of this name holds fake data planted on purpose (the PII probe's canaries, the demo's fake
@@ -109,14 +111,19 @@ def weights_sha256(model_dir: str | os.PathLike) -> str:
     model_dir = Path(model_dir)
     names = weight_files(model_dir) if model_dir.is_dir() else []
     if not names:
-        raise FileNotFoundError(f"{model_dir}: no model.safetensors (or index) to hash")
+        raise MissingInputError(f"{model_dir}: no model.safetensors (or index) to hash, as regular files; save the "
+                                "model again")
     if len(names) == 1 and names[0] in (SINGLE_WEIGHTS, ADAPTER_WEIGHTS):
         return sha256_file(model_dir / names[0])
     if WEIGHTS_INDEX in names:
-        index = json.loads((model_dir / WEIGHTS_INDEX).read_text(encoding="utf-8"))
-        missing = sorted(set(index.get("weight_map", {}).values()) - set(names))
+        try:
+            index = json.loads((model_dir / WEIGHTS_INDEX).read_text(encoding="utf-8"))
+            shards = set(index["weight_map"].values())
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+            raise InputError(f"{model_dir}/{WEIGHTS_INDEX}: not a weights index; save the model again") from None
+        missing = sorted(shards - set(names))
         if missing:
-            raise FileNotFoundError(f"{model_dir}: {WEIGHTS_INDEX} names missing shard(s) {missing}")
+            raise MissingInputError(f"{model_dir}: {WEIGHTS_INDEX} names missing shard(s) {missing}")
     return _named_digest(model_dir, names)
 
 
@@ -136,14 +143,17 @@ def model_identity(model_dir: str | os.PathLike) -> dict:
 def read_lineage(model_dir: str | os.PathLike) -> dict | None:
     """The folder's lineage.json, None without one; one that is not a JSON object is a ValueError (callers refuse)."""
     path = Path(model_dir) / LINEAGE_FILE
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return None
-    try:
-        lineage = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        lineage = None
+    lineage = None
+    if path.is_file():  # never opened otherwise: a FIFO would block the gate that reads it
+        try:
+            lineage = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            pass
     if not isinstance(lineage, dict):
-        raise ValueError(f"{path.name}: not a lineage record (a JSON object); restore the file hitoban wrote")
+        raise InputError(f"{path}: not a lineage record (a JSON object in a regular file); restore the file "
+                         "hitoban wrote")
     return lineage
 
 

@@ -18,6 +18,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hitoban.errors import CheckFailed, OutputExistsError
+from hitoban.modeling.loading import check_model_folder
 from hitoban.provenance import LLAMA_EXPORT_STAGE, read_lineage, weights_sha256, write_lineage
 
 from .configuration_hitoban import HitobanConfig
@@ -120,6 +121,7 @@ def export_llama(src: str | os.PathLike, dst: str | os.PathLike, atol: float = 1
     dst = Path(dst)
     if dst.exists():
         raise OutputExistsError(f"{dst} already exists; choose a new folder")
+    check_model_folder(src, tokenizer=(Path(src) / "tokenizer.json").exists())  # the one model-folder check
     ours = HitobanForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
     llama = to_llama(ours)
     checked = check_same_model(ours, llama, atol)

@@ -6,11 +6,14 @@ so each reads a folder the same way and fails the same clear way on a folder tha
 
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
 
 import torch
 
 from hitoban.errors import InputError
+from hitoban.files import check_fields, read_json, read_text
 
 # The files that make a saved tokenizer folder loadable with AutoTokenizer (copied into checkpoints, shards and
 # exports).
@@ -26,18 +29,103 @@ def device_for(cpu: bool = False) -> torch.device:
     return torch.device("cpu")
 
 
+CONFIG_FIELDS = {"model_type": str, "vocab_size": int, "hidden_size": int, "num_hidden_layers": int,
+                 "num_attention_heads": int}
+WEIGHTS = "model.safetensors"
+
+
+def check_model_folder(path: str | Path, tokenizer: bool = True, chat_template: bool = False) -> Path:
+    """The one check of a saved model folder before anything loads it: config fields and ranges, a whole
+    safetensors file, and (with `tokenizer`) readable tokenizer files; one line naming the damaged file otherwise."""
+    path = Path(path)
+    if not path.is_dir():
+        raise InputError(f"{path}: not a model folder")
+    check_regular_files(path)
+    if not (path / "config.json").exists() and not (path / "config.json").is_symlink():
+        raise InputError(f"{path}: not a model folder (no config.json)")
+    config = read_json(path / "config.json", f"{path}", fields=CONFIG_FIELDS)
+    if min(config[k] for k in CONFIG_FIELDS if k != "model_type") < 1:
+        raise InputError(f"{path}/config.json: sizes must be at least 1; the file is damaged")
+    if (path / "generation_config.json").exists() or (path / "generation_config.json").is_symlink():
+        read_json(path / "generation_config.json", f"{path}")
+    if (path / "lineage.json").exists() or (path / "lineage.json").is_symlink():
+        read_json(path / "lineage.json", f"{path}")
+    check_safetensors(path / WEIGHTS)
+    if tokenizer:
+        check_tokenizer_folder(path, chat_template=chat_template)
+    return path
+
+
+def check_safetensors(path: Path) -> None:
+    """A safetensors file whose header parses and whose tensors fill the file exactly (truncated, appended to or
+    replaced files are named here, not deep inside the loader)."""
+    if not path.is_file():
+        raise InputError(f"{path}: {'not a regular file' if path.exists() else 'missing'}; the model has no weights")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        if not 2 <= length <= size - 8:
+            raise InputError(f"{path.name}: not a whole safetensors file ({size:,} bytes); the weights are damaged")
+        header = f.read(length)
+    try:
+        tensors = json.loads(header.decode("utf-8"))
+        ends = [t["data_offsets"][1] for name, t in tensors.items() if name != "__metadata__"]
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, TypeError, KeyError, IndexError):
+        raise InputError(f"{path.name}: the safetensors header is damaged; the weights cannot be read") from None
+    if max(ends, default=0) != size - 8 - length:
+        raise InputError(f"{path.name}: {size:,} bytes, its header describes {8 + length + max(ends, default=0):,}: "
+                         "truncated or appended to")
+
+
+def check_regular_files(folder: Path) -> None:
+    """Nothing in the folder that would block a reader or a copy (a FIFO, a device)."""
+    for entry in folder.iterdir():
+        if entry.exists() and not (entry.is_file() or entry.is_dir()):
+            raise InputError(f"{entry}: not a regular file (a FIFO or device?); remove it")
+
+
+def check_tokenizer_folder(path: str | Path, chat_template: bool = False) -> Path:
+    """A tokenizer folder (or a model folder's tokenizer files) that AutoTokenizer can read: tokenizer.json and
+    tokenizer_config.json JSON objects, a chat template that parses (required with `chat_template`: chatting and
+    the loss mask need it)."""
+    path = Path(path)
+    check_regular_files(path)
+    tokenizer_json = path / "tokenizer.json"
+    if not tokenizer_json.exists() and not tokenizer_json.is_symlink():
+        raise InputError(f"{path}: no tokenizer.json; measuring or chatting needs the model's own tokenizer next to "
+                         "the weights")
+    check_fields(read_json(tokenizer_json, f"{path}"), {"model": dict}, f"{path}: tokenizer.json")
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        if (path / name).exists() or (path / name).is_symlink():
+            read_json(path / name, f"{path}")
+    template = path / "chat_template.jinja"
+    if template.exists() or template.is_symlink() or chat_template:
+        check_chat_template(read_text(template, f"{path}", hint="the chat template is damaged; copy it back"), path)
+    return path
+
+
+def check_chat_template(text: str, folder: Path) -> None:
+    """A chat template that is there and parses (an empty or cut one renders nothing, or fails mid-chat)."""
+    import jinja2
+    from transformers.utils.chat_template_utils import _compile_jinja_template  # its {% generation %} tag too
+
+    if not text.strip():
+        raise InputError(f"{folder}/chat_template.jinja is empty; copy the tokenizer's chat template back")
+    try:
+        _compile_jinja_template(text)
+    except jinja2.TemplateSyntaxError as err:
+        raise InputError(f"{folder}/chat_template.jinja: not a valid template (line {err.lineno}: {err.message}); "
+                         "copy the tokenizer's chat template back") from None
+
+
 def load_model_and_tokenizer(path: str | Path, device: str | torch.device | None = None,
-                             dtype: torch.dtype | None = None):
+                             dtype: torch.dtype | None = None, chat_template: bool = False):
     """A `from_pretrained` folder with its tokenizer, on `device` (default: the best one), in `dtype` (default:
     as saved, fp32); a folder without a tokenizer is a clear error."""
     from transformers import AutoModelForCausalLM, AutoTokenizer  # hitoban.modeling registered the Auto classes
 
-    path = Path(path)
-    if not (path / "config.json").exists():
-        raise InputError(f"{path}: not a model folder (no config.json)")
-    if not (path / "tokenizer.json").exists():
-        raise InputError(f"{path}: no tokenizer.json; measuring or chatting needs the model's own tokenizer next to "
-                         "the weights")
+    path = check_model_folder(path, chat_template=chat_template)
     model = AutoModelForCausalLM.from_pretrained(path).to(device or device_for()).eval()
     if dtype is not None:
         model = model.to(dtype)

@@ -82,7 +82,8 @@ def collect(model_dir: Path, roots: list[Path]) -> dict[str, list[Artefact]]:
         paths = [root] if root.is_file() else (p for depth in range(6)
                                                for p in root.glob("/".join(["*"] * depth + ["*.json"])))
         for path in paths:
-            if path.name in SKIP_FILES or path.name.endswith(".bin.json") or path.resolve() in seen:
+            if (path.name in SKIP_FILES or path.name.endswith(".bin.json") or path.resolve() in seen
+                    or not path.is_file()):  # a FIFO or a folder named *.json is no report (and would block)
                 continue
             seen.add(path.resolve())
             try:
@@ -159,6 +160,17 @@ CONFIG_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_k
                "max_position_embeddings", "vocab_size")  # what the card shows of config.json
 
 
+def _read_object(path: Path) -> dict:
+    """A JSON object the card needs (config.json, the weights' index), or one line naming the damaged file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (ValueError, UnicodeDecodeError, OSError):
+        data = None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: not a readable JSON object; save the model again (or restore the file)")
+    return data
+
+
 def safetensors_shapes(model_dir: Path) -> dict[str, list[int]] | None:
     """Tensor name -> shape from the headers of `model.safetensors` (or the shards its index names), None without
     them. A safetensors file starts with its header's length (8 bytes, little-endian) and the JSON header: no tensor
@@ -167,16 +179,31 @@ def safetensors_shapes(model_dir: Path) -> dict[str, list[int]] | None:
     if single.exists():
         files = [single]
     elif index.exists():
-        files = [model_dir / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        files = [model_dir / name for name in sorted(set(_read_object(index)["weight_map"].values()))]
     else:
         return None
     shapes = {}
     for path in files:
+        shapes.update(_header_shapes(path))
+    return shapes
+
+
+def _header_shapes(path: Path) -> dict[str, list[int]]:
+    """One safetensors file's tensor shapes, or an InputError naming it: the header's length is checked against the
+    file before it is read (a damaged length once asked for exabytes)."""
+    damaged = InputError(f"{path}: not a whole safetensors file; save the model again (or restore the file)")
+    if not path.is_file():
+        raise damaged
+    size = path.stat().st_size
+    try:
         with open(path, "rb") as f:
             (length,) = struct.unpack("<Q", f.read(8))
+            if length > size - 8:
+                raise damaged
             header = json.loads(f.read(length))
-        shapes.update({name: entry["shape"] for name, entry in header.items() if name != "__metadata__"})
-    return shapes
+        return {name: list(entry["shape"]) for name, entry in header.items() if name != "__metadata__"}
+    except (struct.error, ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+        raise damaged from None
 
 
 def count_parameters(model_dir: Path) -> tuple[int, int, dict]:
@@ -184,7 +211,7 @@ def count_parameters(model_dir: Path) -> tuple[int, int, dict]:
     `model.parameters()` counts: a tied output embedding is saved once, rotary buffers are not saved), so `hitoban
     card` starts without torch; a test keeps it equal to the count of the instantiated model. Anything else (no
     safetensors, another model type, an embedding whose shape disagrees with config.json) is counted the slow way."""
-    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    config = _read_object(model_dir / "config.json")
     shapes = safetensors_shapes(model_dir)
     if (shapes and config.get("model_type") in ("hitoban", "llama") and all(k in config for k in CONFIG_KEYS)
             and shapes.get(EMBEDDING) == [config["vocab_size"], config["hidden_size"]]):

@@ -206,6 +206,11 @@ def _judge(folder: Path, rel: str) -> str | None:
     if not stat.S_ISREG(mode):
         return f"{rel}: not a regular file"
     target = real.relative_to(inside).as_posix()
+    if target != rel and real.name != Path(rel).name:
+        # a second name for another file: the Hub would get that file's bytes under a name that says something else
+        # (a README.md that is really config.json, a LICENSE that is a shard)
+        return (f"{rel} -> {target}: a symbolic link to a file of another name; copy the right file in or remove "
+                "the link")
     for shown in {rel, target, real.name}:
         if _matches(shown.rsplit("/", 1)[-1], NEVER):
             return f"{rel}{f' -> {target}' if target != rel else ''}: optimizer state, logs, data or credentials " \

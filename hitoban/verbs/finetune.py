@@ -16,9 +16,11 @@ def _check_mask_args(p):
 def _check_mask(args) -> int:
     from transformers import AutoTokenizer
 
+    from hitoban.modeling.loading import check_tokenizer_folder
     from hitoban.training.finetune.sft import check_mask
 
-    passed = check_mask(AutoTokenizer.from_pretrained(args.tokenizer), corruption=args.control)
+    folder = check_tokenizer_folder(args.tokenizer, chat_template=True)
+    passed = check_mask(AutoTokenizer.from_pretrained(folder), corruption=args.control)
     return 0 if passed else int(ExitCode.CHECK_FAILED)
 
 

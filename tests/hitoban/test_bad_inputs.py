@@ -107,7 +107,7 @@ def cases(i: dict) -> list[tuple[list[str], int, list[str]]]:
           str(root / "missing.txt")], 2, ["missing.txt", "--exclude"]),
         (["tone", str(i["pretrained"]), "--data", str(root / "chats.jsonl"), "--out", out, "--lr", "0"], 2,
          ["--lr 0"]),
-        (["pii", str(root / "nomodel"), "--corpus", str(root / "raw" / "a.txt")], 2, ["not a model folder"]),
+        (["pii", str(root / "nomodel"), "--corpus", str(root / "raw" / "a.txt")], 2, ["no complete weights"]),
         (["leaks", "--holdout", str(i["holdout"]), "--corpus", str(root / "sjis.txt")], 2,
          ["sjis.txt", "byte offset", "--encoding"]),
         (["upload", str(i["release"]), "--repo", "me/x", "--dry-run", "--i-know", "test"], 1,

@@ -561,16 +561,23 @@ def test_a_link_out_of_the_folder_is_refused_by_name_and_the_scan_reads_what_it_
     assert f"LICENSE -> {os.path.realpath('/etc/passwd')}" in out.out and f"NOTICE -> {token}" in out.out
     assert main(["secrets", str(release_dir)]) == 1
     assert "link-outside-folder" in capsys.readouterr().out
-    # controls: a link inside the folder is uploaded, and what it points to is scanned as the upload would send it
+    # controls: a link inside the folder to a file of its own name is uploaded, and what it points to is scanned as
+    # the upload would send it; a link giving a file another name is refused (a NOTICE that is really the README)
     for name in ("LICENSE", "NOTICE"):
         (release_dir / name).unlink()
-    (release_dir / "NOTICE").symlink_to(release_dir / "README.md")
+    (release_dir / "legal").mkdir()
+    (release_dir / "legal" / "NOTICE").write_text("Copyright the authors.\n")
+    (release_dir / "NOTICE").symlink_to(release_dir / "legal" / "NOTICE")
     assert main(["upload", str(release_dir), "--repo", "someone/hitoban-tiny", "--dry-run"]) == 0
     capsys.readouterr()
-    (release_dir / "notes.txt").write_text("HF_TOKEN=hf_" + "q" * 34 + "\n")
-    (release_dir / "LICENSE").symlink_to(release_dir / "notes.txt")
+    (release_dir / "legal" / "LICENSE").write_text("HF_TOKEN=hf_" + "q" * 34 + "\n")
+    (release_dir / "LICENSE").symlink_to(release_dir / "legal" / "LICENSE")
     assert main(["upload", str(release_dir), "--repo", "someone/hitoban-tiny", "--dry-run"]) == 1
     assert "LICENSE:1 [hf-token]" in capsys.readouterr().out
+    (release_dir / "LICENSE").unlink()
+    (release_dir / "LICENSE").symlink_to(release_dir / "README.md")
+    assert main(["upload", str(release_dir), "--repo", "someone/hitoban-tiny", "--dry-run"]) == 1
+    assert "a symbolic link to a file of another name" in capsys.readouterr().out
 
 
 def test_a_tokenizer_swapped_after_training_is_refused(release_dir, capsys):

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hitoban.errors import InputError
-from hitoban.training.data.text import read_text
+from hitoban.files import read_text
 
 LINE_FORMAT = re.compile(r"<\|user\|>(.*?)<\|assistant\|>(.*?)<\|end\|>", re.DOTALL)
 

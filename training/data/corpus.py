@@ -26,9 +26,9 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from hitoban.errors import InputError, OutputExistsError
+from hitoban.files import check_fields, decode_error, read_json, read_text, require_file
 from hitoban.provenance import hitoban_version
 from hitoban.training.data.filters import DocumentFilter, FilterSettings, PIIMasker
-from hitoban.training.data.text import decode_error, read_text, require_file
 
 # Pinned revisions (3LM's): a rebuilt corpus is the same corpus.
 HUB_SOURCES = {
@@ -288,19 +288,51 @@ def build_corpus(
     return manifest
 
 
+MANIFEST_FIELDS = {"total_chars": int, "total_documents": int, "sources": list, "output": dict}
+OUTPUT_FIELDS = {"sha256": str, "bytes": int}
+
+
 def iter_corpus(corpus: str | os.PathLike) -> Iterator[dict]:
-    """Stream `{"text", "source"}` records of a built corpus (checks that it is complete first)."""
+    """Stream `{"text", "source"}` records of a built corpus: complete (the manifest's size, then its sha256 once
+    read to the end) and every line a record, or one line naming the file and line that is not."""
     corpus = Path(corpus)
     if not (corpus / "manifest.json").exists() or not (corpus / "documents.jsonl").exists():
         raise CorpusInputError(f"{corpus} is not a hitoban corpus (documents.jsonl + manifest.json); "
                                "build one with `hitoban corpus`")
-    with open(corpus / "documents.jsonl", encoding="utf-8") as f:
-        for line in f:
-            yield json.loads(line)
+    output = load_manifest(corpus)["output"]
+    path = require_file(corpus / "documents.jsonl", f"--corpus {corpus}", made_by="`hitoban corpus`")
+    if path.stat().st_size != output["bytes"]:
+        raise CorpusInputError(f"{path.name}: {path.stat().st_size:,} bytes, the manifest says {output['bytes']:,}: "
+                               "truncated or edited; rebuild the corpus with `hitoban corpus`")
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            digest.update(raw)
+            yield _corpus_record(raw, path, number)
+    if digest.hexdigest() != output["sha256"]:
+        raise CorpusInputError(f"{path.name}: sha256 differs from manifest.json: the file was edited; rebuild the "
+                               "corpus with `hitoban corpus`")
+
+
+def _corpus_record(raw: bytes, path: Path, number: int) -> dict:
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CorpusInputError(f"{path.name} line {number}: not a JSON record ({type(err).__name__}); the corpus is "
+                               "damaged, rebuild it with `hitoban corpus`") from None
+    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+        raise CorpusInputError(f"{path.name} line {number}: no 'text' string; the corpus is damaged")
+    return record
 
 
 def load_manifest(corpus: str | os.PathLike) -> dict:
-    """A corpus folder's manifest, or one line saying the folder is not a corpus and which verb makes one."""
-    path = require_file(Path(corpus) / "manifest.json", f"--corpus {corpus} is not a hitoban corpus folder",
-                        made_by="`hitoban corpus --input FILES --out FOLDER`")
-    return json.loads(read_text(path, "manifest"))
+    """A corpus folder's manifest (fields and types checked here), or one line saying what is wrong with it."""
+    where = f"--corpus {corpus} is not a hitoban corpus folder"
+    manifest = read_json(Path(corpus) / "manifest.json", where, made_by="`hitoban corpus --input FILES --out FOLDER`",
+                         fields=MANIFEST_FIELDS)
+    check_fields(manifest["output"], OUTPUT_FIELDS, "manifest.json: output")
+    for source in manifest["sources"]:
+        check_fields(source, {"name": str}, "manifest.json: a source")
+    if manifest["total_chars"] < 0 or manifest["total_documents"] < 0:
+        raise CorpusInputError("manifest.json: negative counts; the manifest is damaged")
+    return manifest

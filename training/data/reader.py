@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hitoban.training.data.shards import ShardError, load_index, verify_shards
+from hitoban.training.data.shards import ShardError, load_index, shard_file, verify_shards
 
 
 class ShardReader:
@@ -33,7 +33,7 @@ class ShardReader:
         if not self.shards:
             raise ShardError(f"{self.folder}: no {split} shards")
         dtype = np.dtype(self.index["dtype"]).newbyteorder("<")
-        self.arrays = [np.memmap(self.folder / s["name"], dtype=dtype, mode="r") for s in self.shards]
+        self.arrays = [np.memmap(shard_file(self.folder, s["name"]), dtype=dtype, mode="r") for s in self.shards]
         self.tokens = np.array([len(a) for a in self.arrays], dtype=np.int64)
         self.domains = self.index["domains"]
         self.vocab_size = self.index["tokenizer"]["vocab_size"]
@@ -98,9 +98,13 @@ class ShardReader:
     def documents(self) -> Iterator[tuple[np.ndarray, str]]:
         """(token ids incl. the closing <|end|>, domain name) for every document, in file order (val/test)."""
         for shard, array in zip(self.shards, self.arrays):
-            domain_ids = (np.fromfile(self.folder / shard["domains_file"], dtype=np.uint8)
+            domain_ids = (np.fromfile(shard_file(self.folder, shard["domains_file"]), dtype=np.uint8)
                           if "domains_file" in shard else None)
             ends = np.flatnonzero(np.asarray(array) == self.end_id)
+            if domain_ids is not None and (len(domain_ids) != len(ends) or (
+                    len(domain_ids) and domain_ids.max() >= len(self.domains))):
+                raise ShardError(f"{shard['domains_file']}: {len(domain_ids)} domain ids for {len(ends)} documents, "
+                                 "or an unknown one; rebuild the shards (`hitoban shards`)")
             start = 0
             for i, end in enumerate(ends):
                 yield np.asarray(array[start : end + 1], dtype=np.int64), (

@@ -32,6 +32,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from hitoban.errors import InputError, OutputExistsError
+from hitoban.files import check_fields, read_json
 from hitoban.provenance import sha256_file
 from hitoban.training.data.corpus import iter_corpus, load_manifest
 from hitoban.training.data.markers import SPECIAL_TOKENS
@@ -263,11 +264,45 @@ def build_shards(
     return index_doc
 
 
+INDEX_FIELDS = {"dtype": str, "tokenizer": dict, "shards": list, "splits": dict, "domains": list}
+TOKENIZER_FIELDS = {"vocab_size": int, "end_id": int, "sha256": str}
+SHARD_FIELDS = {"name": str, "split": str, "tokens": int, "docs": int, "sha256": str}
+
+
 def load_index(folder: str | os.PathLike) -> dict:
+    """A shard folder's index, checked once here (fields, types, ranges, file names) for every reader."""
     path = Path(folder) / "shards_index.json"
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise ShardError(f"{folder}: no shards_index.json (not a shard folder, or an interrupted build)")
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        index = read_json(path, f"{folder}", made_by="`hitoban shards`", fields=INDEX_FIELDS)
+        check_fields(index["tokenizer"], TOKENIZER_FIELDS, f"{path.name}: tokenizer")
+        for shard in index["shards"]:
+            check_fields(shard, SHARD_FIELDS, f"{path.name}: a shard")
+            _check_shard_entry(shard, index)
+    except InputError as err:
+        raise ShardError(str(err)) from None
+    if index["dtype"] not in ("uint16", "uint32"):
+        raise ShardError(f"{path.name}: dtype {index['dtype']!r} is neither uint16 nor uint32; the index is damaged")
+    return index
+
+
+def _check_shard_entry(shard: dict, index: dict) -> None:
+    """A listed shard is a plain file name of this folder, with counts that can be true."""
+    names = [shard["name"]] + ([shard["domains_file"]] if "domains_file" in shard else [])
+    if any(not isinstance(n, str) or Path(n).name != n or n.startswith(".") for n in names):
+        raise ShardError(f"shards_index.json lists {names!r}: not a file of this folder; the index is damaged")
+    if shard["tokens"] < 0 or shard["docs"] < 0 or shard["split"] not in ("train", "val", "test"):
+        raise ShardError(f"shards_index.json: {shard['name']} has impossible counts or split; the index is damaged")
+
+
+def shard_file(folder: Path, name: str) -> Path:
+    """A member file of the shard folder, refused when it is missing or not a regular file (a FIFO would block)."""
+    path = folder / name
+    if not path.is_file():
+        raise ShardError(f"{name}: {'missing' if not path.exists() else 'not a regular file'} (listed in "
+                         "shards_index.json)")
+    return path
 
 
 def verify_shards(folder: str | os.PathLike, tokenizer: str | os.PathLike | None = None, full: bool = True,
@@ -283,14 +318,14 @@ def verify_shards(folder: str | os.PathLike, tokenizer: str | os.PathLike | None
     if tokenizer is not None and tokenizer_sha256(Path(tokenizer)) != index["tokenizer"]["sha256"]:
         raise ShardError(f"{folder}: these shards were made with another tokenizer than {Path(tokenizer).name} "
                          "(tokenizer.json sha256 differs); rebuild the shards or use the tokenizer they name")
-    if (folder / "tokenizer" / "tokenizer.json").exists():
+    copy = folder / "tokenizer" / "tokenizer.json"
+    if copy.exists() or copy.is_symlink():
+        shard_file(folder, "tokenizer/tokenizer.json")
         if tokenizer_sha256(folder / "tokenizer") != index["tokenizer"]["sha256"]:
             raise ShardError(f"{folder}/tokenizer: tokenizer.json does not match the sha256 in shards_index.json")
     heldout_keys, train_keys = set(), []
     for shard in tqdm(index["shards"], desc="verify", disable=not progress or None):
-        path = folder / shard["name"]
-        if not path.exists():
-            raise ShardError(f"{shard['name']}: missing (listed in shards_index.json)")
+        path = shard_file(folder, shard["name"])
         expected = shard["tokens"] * dtype.itemsize
         if path.stat().st_size != expected:
             raise ShardError(f"{shard['name']}: {path.stat().st_size} bytes, expected {expected} "
@@ -308,7 +343,7 @@ def verify_shards(folder: str | os.PathLike, tokenizer: str | os.PathLike | None
         if len(ends) != shard["docs"]:
             raise ShardError(f"{shard['name']}: {len(ends)} documents found, {shard['docs']} listed")
         if "domains_file" in shard:
-            domains = np.fromfile(folder / shard["domains_file"], dtype=np.uint8)
+            domains = np.fromfile(shard_file(folder, shard["domains_file"]), dtype=np.uint8)
             if len(domains) != shard["docs"] or (len(domains) and domains.max() >= len(index["domains"])):
                 raise ShardError(f"{shard['domains_file']}: {len(domains)} entries for {shard['docs']} documents "
                                  "or an unknown domain id")

@@ -226,7 +226,9 @@ def train_tokenizer_from_texts(
 
 def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
     """Load a hitoban tokenizer folder (any `AutoTokenizer` folder works) and check the markers are single tokens."""
-    tok = AutoTokenizer.from_pretrained(str(path))
+    from hitoban.modeling.loading import check_tokenizer_folder
+
+    tok = AutoTokenizer.from_pretrained(str(check_tokenizer_folder(path)))
     for marker in SPECIAL_TOKENS:
         ids = tok.convert_tokens_to_ids(marker)
         if ids is None or ids == tok.unk_token_id and marker != UNK:

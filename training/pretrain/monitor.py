@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from hitoban.errors import ExitCode, HitobanError
+from hitoban.errors import ExitCode, HitobanError, InputError
 from hitoban.provenance import write_json
 
 
@@ -79,7 +79,10 @@ class Monitor:
 
     def log(self, record: dict) -> None:
         if self.main:
-            with open(self.run / "log.jsonl", "a", encoding="utf-8") as f:
+            path = self.run / "log.jsonl"
+            if path.exists() and not path.is_file():  # a folder or FIFO there would block or crash mid-night
+                raise InputError(f"{path}: not a regular file; move it away and resume")
+            with open(path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
             if self.trackers is not None:
                 self.trackers.log(record)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import datetime
 from pathlib import Path
+
+from hitoban.errors import InputError
+from hitoban.files import check_fields, read_json
 
 STALE_SECONDS = 180
 
@@ -22,15 +24,31 @@ def eta_line(hb: dict, now: float) -> list[str]:
     return [f"ETA {hb['eta_hours']:.2f} h (about {finish})"]
 
 
+NUMBER = (int, float)
+HEARTBEAT_FIELDS = {"step": int, "total_steps": int, "tokens_seen": int, "token_budget": int, "lr": NUMBER,
+                    "tok_per_sec": NUMBER, "elapsed_hours": NUMBER, "resumes": int, "updated_at": NUMBER}
+FEDERATED_FIELDS = {"round": int, "tokens_seen": int, "token_budget": int, "bytes_sent": NUMBER, "reissued": int,
+                    "elapsed_hours": NUMBER, "resumes": int, "machines": dict, "updated_at": NUMBER}
+OPTIONAL_NUMBERS = ("best_val", "train_loss", "eta_hours", "mfu", "peak_gb")
+
+
+def read_heartbeat(path: Path) -> dict:
+    """A heartbeat, pretraining's or a federated run's, with every field the view prints of its type."""
+    hb = read_json(path, f"{path.parent}", fields={})
+    kind = FEDERATED_FIELDS if hb.get("kind") == "federated-heartbeat" else HEARTBEAT_FIELDS
+    check_fields(hb, kind, f"{path.parent}: heartbeat.json")
+    for name in OPTIONAL_NUMBERS:
+        if hb.get(name) is not None:
+            check_fields(hb, {name: NUMBER}, f"{path.parent}: heartbeat.json")
+    return hb
+
+
 def render(run: str | Path, now: float | None = None) -> str:
     """One screen of text: bar, step, tokens, loss, best val, tok/s, elapsed, ETA, resumes, status."""
     path = Path(run) / "heartbeat.json"
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return f"waiting for {path} (the run writes it after its first log interval)"
-    try:
-        hb = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return f"{path} is being written; try again"
+    hb = read_heartbeat(path)
     now = now or time.time()
     if hb.get("kind") == "federated-heartbeat":
         return render_federated(hb, now)
@@ -79,7 +97,12 @@ def render_federated(hb: dict, now: float) -> str:
 
 def watch(run: str | Path, interval: float = 10.0, once: bool = False) -> None:
     while True:
-        text = render(run)
+        try:
+            text = render(run)
+        except InputError as err:  # a damaged heartbeat: refused with --once; a live view says so and tries again
+            if once:
+                raise
+            text = f"{err}; trying again"
         print(text if once else "\033[2J\033[H" + text, flush=True)
         if once or "finished" in text.splitlines()[-1]:
             return

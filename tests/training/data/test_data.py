@@ -226,6 +226,8 @@ def test_a_train_copy_of_a_heldout_document_is_dropped(tmp_path):
         "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in planted), encoding="utf-8")
     manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
     manifest["total_documents"] += 1
+    documents = (tmp_path / "c" / "documents.jsonl").read_bytes()  # the corpus reader checks size and sha256
+    manifest["output"].update(bytes=len(documents), sha256=__import__("hashlib").sha256(documents).hexdigest())
     (tmp_path / "c" / "manifest.json").write_text(json.dumps(manifest))
     train_tokenizer_from_corpus(tmp_path / "c", tmp_path / "tok", vocab_size=400, max_chars=100_000)
     index = build_shards(tmp_path / "c", tmp_path / "tok", tmp_path / "s", val_every=10, context=16, progress=False)

@@ -1,0 +1,98 @@
+"""One reader for every text file a verb is given: a corpus file, a bits/char domain, chat data, holdouts,
+questions. A missing file names its path (and the verb that makes it, where one does); an undecodable byte names
+the file, its byte offset and the `--encoding` / `--errors` choices, instead of a UnicodeDecodeError traceback.
+Standard library only: `hitoban leaks` reads through it without torch."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from hitoban.errors import InputError, MissingInputError
+
+ENCODING_HINT = ("pass --encoding ENCODING if the file uses another encoding (e.g. shift_jis, cp932), or --errors "
+                 "replace to substitute undecodable bytes")
+
+
+def decode_error(path: str | os.PathLike, err: UnicodeDecodeError, offset: int = 0, encoding: str = "utf-8",
+                 hint: str = ENCODING_HINT) -> InputError:
+    """The one-line answer for an undecodable byte at `offset + err.start` of `path`."""
+    return InputError(f"{Path(path).name}: not valid {encoding} at byte offset {offset + err.start} ({err.reason}); "
+                      f"{hint}")
+
+
+def require_file(path: str | os.PathLike, what: str, made_by: str | None = None) -> Path:
+    """`path`, or a MissingInputError naming it, what it was for, and the verb that makes such a file."""
+    path = Path(path)
+    if not path.is_file():
+        found = ("is a folder, not a file" if path.is_dir() else "is not a regular file (a FIFO or device?)"
+                 if path.exists() else "not found")
+        raise MissingInputError(f"{what}: {path} {found}" + (f" ({made_by} makes it)" if made_by else ""))
+    return path
+
+
+def read_text(path: str | os.PathLike, what: str = "input", encoding: str = "utf-8", errors: str = "strict",
+              made_by: str | None = None, hint: str = ENCODING_HINT) -> str:
+    """The whole file decoded, or one line naming the file and what went wrong."""
+    data = require_file(path, what, made_by).read_bytes()
+    try:
+        return data.decode(encoding, errors=errors)
+    except UnicodeDecodeError as err:
+        raise decode_error(path, err, 0, encoding, hint) from None
+    except LookupError:
+        raise InputError(f"--encoding {encoding}: not an encoding Python knows") from None
+
+
+def read_json(path: str | os.PathLike, what: str, made_by: str | None = None, fields: dict | None = None) -> dict:
+    """A JSON object, or one line naming the file and what is wrong with it: the one reader for every JSON artefact
+    (a manifest, an index, a heartbeat). `fields`: NAME -> type(s) each record must have, checked here once."""
+    text = read_text(path, what, made_by=made_by, hint="the file is damaged; rebuild it"
+                     + (f" with {made_by}" if made_by else ""))
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InputError(f"{what}: {Path(path).name} is not valid JSON (line {err.lineno} column {err.colno}: "
+                         f"{err.msg}); the file is damaged or half-written") from None
+    return check_fields(data, fields or {}, f"{what}: {Path(path).name}")
+
+
+def check_fields(data, fields: dict, where: str) -> dict:
+    """`data` when it is a JSON object with every field of `fields` of its type, else one line saying which is not."""
+    if not isinstance(data, dict):
+        raise InputError(f"{where} holds a JSON {type(data).__name__}, not an object; the file is damaged")
+    for name, kind in fields.items():
+        value = data.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool) and kind in (int, float, (int, float)):
+            raise InputError(f"{where}: field {name!r} is {'missing' if name not in data else repr(value)[:40]}, "
+                             f"not {_kind_name(kind)}; the file is damaged")
+    return data
+
+
+def _kind_name(kind) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join({int: "an integer", float: "a number", str: "a string", dict: "an object", list: "a list",
+                        bool: "true/false", type(None): "null"}.get(k, k.__name__) for k in kinds)
+
+
+def read_jsonl(path: str | os.PathLike, what: str, fields: dict | None = None) -> tuple[list[dict], str | None]:
+    """(every whole record, a note when the file ends in a half-written line): a log read as far as it is whole and
+    said so. A damaged line before the last is refused with its line number; so is any record lacking `fields`."""
+    data = require_file(path, what).read_bytes()
+    lines = data.split(b"\n")
+    records, note = [], None
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        last = number == len(lines)  # no newline after it: the writer stopped mid-line
+        try:
+            record = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            if last:
+                note = f"{Path(path).name}: line {number} is half-written (a run still writing, or a crash); read " \
+                       f"the {len(records)} whole records before it"
+                break
+            raise InputError(f"{what}: {Path(path).name} line {number} is not a JSON record ({err}); the file is "
+                             "damaged") from None
+        records.append(check_fields(record, fields or {}, f"{what}: {Path(path).name} line {number}"))
+    return records, note
