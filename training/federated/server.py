@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.common.constant import ErrorCode
 
 from hitoban.errors import ResourceError, UsageError
 from hitoban.provenance import read_lineage, write_json
@@ -99,7 +100,7 @@ def exchange(grid, messages: list[Message], timeout: float) -> list[tuple[Messag
         return [(reply, time.time()) for reply in replies]
     waiting, arrived, deadline = set(grid.push_messages(messages)), [], time.time() + timeout
     while waiting and time.time() < deadline:
-        for reply in grid.pull_messages(waiting):
+        for reply in list(grid.pull_messages(set(waiting))):
             arrived.append((reply, time.time()))
             waiting.discard(reply.metadata.reply_to_message_id)
         if waiting:
@@ -159,6 +160,10 @@ class Server:
                                 args={k: v for k, v in dataclasses.asdict(options).items() if k not in ("data", "out")})
         self.machines: dict[str, dict] = {}  # str(node id) -> {"name", "tok_s"}: names as `_identify` checked them
         self.keys = registered_keys(options.keys) if options.keys else None  # name -> public key (--keys)
+        # node id -> the name `_identify` accepted from it, this session only (node ids change when the SuperLink
+        # restarts); `connected` is the grid's nodes when the round began
+        self.bound_names: dict[int, str] = {}
+        self.connected: set[int] = set()
         # the downlink (training/federated/downlink.py): which global weights (by round) each node holds, and the
         # fp16 outer update of the last round; neither is saved: after a resume every machine gets the weights
         self.held: dict[int, int] = {}
@@ -222,6 +227,7 @@ class Server:
         deadline = time.time() + self.options.wait_minutes * 60
         while True:
             connected = sorted(grid.get_node_ids())
+            self.connected = set(connected)
             nodes = [n for n in connected if str(n) not in self.refused_nodes and str(n) not in self.excluded]
             if connected and not nodes:
                 reasons = "; ".join(f"{self._name(n)}: {self.refused_nodes.get(str(n)) or self.excluded[str(n)]}"
@@ -319,8 +325,7 @@ class Server:
         weights_norm = math.sqrt(sum(float(t.double().square().sum()) for t in current.values()))
         for node, why in out_of_bounds(norms, weights_norm).items():
             self._lose(grid, round_, node, tasks[node], why, checked.pop(node), down[node])
-        accepted = self._outer_step(grid, round_, checked, tasks, down)
-        self._round_the_step(current, round_)
+        accepted = self._outer_step(grid, round_, checked, tasks, down, current)
         round_tokens = 0
         for node in accepted:
             reply, task, seconds = checked[node], tasks[node], by_node[node][1]
@@ -350,8 +355,8 @@ class Server:
     def _identify(self, node: int, reply: Message, task: Task) -> str | None:
         """Why the reply's machine name cannot be trusted, or None (and the node is known by that name from now
         on). With --keys the name is the key's: the reply must carry a signature of (run, task, name, delta) by
-        the registered key of the name it gives. Without keys (--insecure) a name belongs to the first node that
-        used it; another node giving it is refused."""
+        the registered key of the name it gives. Without keys (--insecure) a name belongs to the node that used it
+        while that node stays connected; another node giving it meanwhile is refused."""
         info, delta = reply.content.config_records.get(TASK), reply.content.array_records.get(DELTA)
         if info is None or delta is None:
             return "its reply has no task record or no delta"
@@ -367,12 +372,16 @@ class Server:
             payload = reply_payload(self.state.run_id, task.task_id, claimed, digest)
             if not signed_by(key, payload, str(info.get("signature", ""))):
                 return f"its reply names {claimed!r} but is not signed by {claimed!r}'s key"
-        holder = next((n for n, m in self.machines.items() if m.get("name") == claimed and n != str(node)), None)
-        if holder is not None:
-            return f"its reply names {claimed!r}, the name of node {holder}"
-        known = self.machines.get(str(node), {}).get("name")
+        known = self.bound_names.get(node)
         if known is not None and known != claimed:
             return f"it was {known!r} and now names itself {claimed!r}"
+        holder = next((n for n, name in self.bound_names.items() if name == claimed and n != node), None)
+        if holder is not None and self.keys is None and holder in self.connected:
+            return f"its reply names {claimed!r}, the name of node {holder}, which is still connected"
+        # the key proves the name (a machine restarted, or the server, comes back as another node id); without keys
+        # a name whose node has left is free again (a restarted machine), which is all an unsigned name can mean
+        self.bound_names.pop(holder, None)
+        self.bound_names[node] = claimed
         self.machines.setdefault(str(node), {"tok_s": None})["name"] = claimed
         return None
 
@@ -384,40 +393,41 @@ class Server:
         code = reply.error.code if reply is not None and reply.has_error() else None
         if code == ERROR_SHARDS:
             self.refused_nodes[str(node)] = reply.error.reason  # never given a task again
-        elif code != ERROR_WEIGHTS:  # weights that did not match go in full next time: not its failure
+        elif code not in (ERROR_WEIGHTS, ErrorCode.NODE_UNAVAILABLE):
+            # not its failure: weights that did not match go in full next time, and a machine the SuperLink has
+            # lost (killed, restarting) is offered nothing while gone; with its key it comes back as the same node,
+            # and must not find itself excluded for having been restarted
             self._count_failure(grid, round_, node, task, why, at_once=code == ERROR_MEMORY)
 
     def _outer_step(self, grid, round_: int, checked: dict[int, Message], tasks: dict[int, Task],
-                    down: dict[int, int]) -> list[int]:
-        """The outer step on the checked deltas; the nodes whose deltas are in it. A step that leaves the global
-        model non-finite is rolled back, the deltas that do so on their own are refused by name, and the rest are
-        applied again: no non-finite model is ever kept, or saved."""
-        if not checked:
-            return []
+                    down: dict[int, int], current: dict) -> list[int]:
+        """The outer step on the checked deltas, rounded as the machines will rebuild it; the nodes whose deltas
+        are in it. A step that leaves the global model non-finite (after the fp16 rounding too) is rolled back, the
+        deltas that do so on their own are refused by name, and the rest are applied again: no non-finite model is
+        ever kept, or saved."""
         before = snapshot(self.model, self.strategy.optimizer)
-        self.strategy.aggregate_train(round_, list(checked.values()))
-        if model_is_finite(self.model):
-            return list(checked)
-        offenders = []
-        for node, reply in checked.items():
+
+        def step(replies: list[Message]) -> bool:
             restore(self.model, self.strategy.optimizer, before)
-            self.strategy.aggregate_train(round_, [reply])
-            if not model_is_finite(self.model):
-                offenders.append(node)
-        restore(self.model, self.strategy.optimizer, before)
+            if replies:
+                self.strategy.aggregate_train(round_, replies)
+            self._round_the_step(current, round_)
+            return model_is_finite(self.model)
+
+        if step(list(checked.values())):
+            return list(checked)
+        offenders = [node for node, reply in checked.items() if not step([reply])]
         rest = {n: r for n, r in checked.items() if n not in offenders} if offenders else {}
         for node in [n for n in checked if n not in rest]:
             self._lose(grid, round_, node, tasks[node], "the outer step with its delta made the global model "
                        "non-finite: rolled back", checked[node], down[node])
-        if rest:
-            self.strategy.aggregate_train(round_, list(rest.values()))
-            if not model_is_finite(self.model):  # finite alone, not together: none of them is kept
-                restore(self.model, self.strategy.optimizer, before)
-                for node in rest:
-                    self._lose(grid, round_, node, tasks[node], "this round's deltas together made the global "
-                               "model non-finite: rolled back", checked[node], down[node])
-                return []
-        return list(rest)
+        if rest and step(list(rest.values())):
+            return list(rest)
+        for node in rest:  # finite alone, not together: none of them is kept
+            self._lose(grid, round_, node, tasks[node], "this round's deltas together made the global model "
+                       "non-finite: rolled back", checked[node], down[node])
+        step([])
+        return []
 
     def _count_failure(self, grid, round_: int, node: int, task: Task, why: str, at_once: bool) -> None:
         """A lost task counts against its machine: one that cannot hold the step (`at_once`), fails the same range
