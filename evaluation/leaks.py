@@ -398,7 +398,9 @@ def corpus_identity(corpus: Path) -> tuple[Path, str | None]:
         manifest = corpus / "manifest.json"
         if not path.is_file() or not manifest.is_file():
             raise LeakScanError(f"{corpus}: not a hitoban corpus folder (documents.jsonl + manifest.json)")
-        return path, json.loads(manifest.read_text(encoding="utf-8")).get("output", {}).get("sha256")
+        from hitoban.training.data.corpus import load_manifest  # the corpus's one reader (fields checked there)
+
+        return path, load_manifest(corpus)["output"]["sha256"]
     if not corpus.is_file():
         raise LeakScanError(f"{corpus}: no such corpus file (or folder without documents.jsonl)")
     return corpus, None

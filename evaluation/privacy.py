@@ -35,6 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hitoban.errors import MissingInputError
+from hitoban.files import read_jsonl
 from hitoban.provenance import (
     TEST_DATA_MARKER,
     model_identity,
@@ -101,6 +102,9 @@ def detect_contacts(text: str) -> Iterator[tuple[str, str, int]]:
             yield kind, value, m.start()
 
 
+SEALED_FIELDS = {"kind": str, "context": str, "masked": str, "salt": str, "length": int, "digest": str}
+
+
 def mine_candidates(paths: Iterable[str | os.PathLike], samples: int = 60) -> tuple[list[dict], dict]:
     """The first `samples` distinct contacts with >= 20 chars of preceding context: masked-value logs first, then
     the broad detector over the text. Returns (sealed candidates, how they were mined)."""
@@ -124,14 +128,14 @@ def mine_candidates(paths: Iterable[str | os.PathLike], samples: int = 60) -> tu
     for path in paths:
         if path.is_dir():
             log = path / PII_LOG
-            if not log.exists():
+            if not log.exists() and not log.is_symlink():
                 mining["without_log"].append(path.name)
                 continue
-            with open(log, encoding="utf-8") as f:
-                for line in f:
-                    sealed = json.loads(line)
-                    if take(sealed, sealed["digest"], "masked_log"):
-                        return found, mining
+            # the log's one reader (a damaged line named, a half-written last one read up to); every field used
+            records, _ = read_jsonl(log, f"{path}: the masked-value log", fields=SEALED_FIELDS)
+            for sealed in records:
+                if take(sealed, sealed["digest"], "masked_log"):
+                    return found, mining
     for text in corpus_texts(paths):
         for kind, value, start in detect_contacts(text):
             normal = unicodedata.normalize("NFKC", value)

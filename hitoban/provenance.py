@@ -37,6 +37,7 @@ def replacing(path: str | os.PathLike) -> Iterator[Path]:
     untouched. The temporary name is unique to this call, so two writers of one file (DDP ranks, threads) never
     write into or rename each other's half-written file; the last rename wins, whole."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)  # `--out DIR/report.json` with DIR new: every writer, here once
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     tmp = Path(name)

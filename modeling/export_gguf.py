@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from hitoban.errors import CheckFailed, InputError, OutputExistsError, UsageError
+from hitoban.modeling.loading import check_model_folder
 
 from .llama_format import (
     BYTE_PIECE,
@@ -165,6 +166,7 @@ def export_gguf(src: str | os.PathLike, out: str | os.PathLike, outtype: str = "
         raise InputError(f"--outtype must be one of {', '.join(OUTTYPES)}, got {outtype!r}")
     if out.exists():
         raise OutputExistsError(f"{out} already exists; choose a new file")
+    check_model_folder(src)  # the one model-folder check: config, whole weights, tokenizer files
     proto = sp_pb2.ModelProto.FromString(sentencepiece_model(src))
     model = HitobanForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
     if len(proto.pieces) != model.config.vocab_size:

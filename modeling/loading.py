@@ -50,10 +50,23 @@ def check_model_folder(path: str | Path, tokenizer: bool = True, chat_template: 
         read_json(path / "generation_config.json", f"{path}")
     if (path / "lineage.json").exists() or (path / "lineage.json").is_symlink():
         read_json(path / "lineage.json", f"{path}")
-    check_safetensors(path / WEIGHTS)
+    for weights in weight_files_to_check(path):
+        check_safetensors(weights)
     if tokenizer:
         check_tokenizer_folder(path, chat_template=chat_template)
     return path
+
+
+def weight_files_to_check(path: Path) -> list[Path]:
+    """model.safetensors, or every shard its index names (`save_pretrained(max_shard_size=...)`)."""
+    index = path / f"{WEIGHTS}.index.json"
+    if (path / WEIGHTS).exists() or not (index.exists() or index.is_symlink()):
+        return [path / WEIGHTS]
+    weight_map = read_json(index, f"{path}", fields={"weight_map": dict})["weight_map"]
+    names = sorted({name for name in weight_map.values() if isinstance(name, str)})
+    if not names or len(names) != len(set(weight_map.values())) or any("/" in n or n.startswith(".") for n in names):
+        raise InputError(f"{index}: not a weights index naming files of this folder; save the model again")
+    return [path / name for name in names]
 
 
 def check_safetensors(path: Path) -> None:
@@ -99,6 +112,9 @@ def check_tokenizer_folder(path: str | Path, chat_template: bool = False) -> Pat
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
         if (path / name).exists() or (path / name).is_symlink():
             read_json(path / name, f"{path}")
+        elif name == "tokenizer_config.json" and chat_template:  # its special tokens (pad, end of turn) live there
+            raise InputError(f"{path}: no tokenizer_config.json; chatting and fine-tuning need the tokenizer's special "
+                             "tokens: copy the tokenizer files back next to the weights")
     template = path / "chat_template.jinja"
     if template.exists() or template.is_symlink() or chat_template:
         check_chat_template(read_text(template, f"{path}", hint="the chat template is damaged; copy it back"), path)

@@ -117,7 +117,7 @@ def test_a_corpus_folder_is_scanned_through_json_escaping(tmp_path):
     corpus.mkdir()
     (corpus / "documents.jsonl").write_text(json.dumps({"text": FILLER + line, "source": "x"}, ensure_ascii=False)
                                             + "\n", encoding="utf-8")
-    (corpus / "manifest.json").write_text("{}")
+    (corpus / "manifest.json").write_text(manifest_of((corpus / "documents.jsonl").read_bytes(), 1))
     assert '\\"quoted\\"' in (corpus / "documents.jsonl").read_text()
     report = scan_for_leaks(holdout, [corpus])
     assert report["leaked"] and report["corpora"][0]["hit_probes"] == 3
@@ -553,6 +553,14 @@ def test_records_no_reader_understands_are_counted_and_the_scan_is_not_clean(tmp
     assert main(["leaks", "--holdout", str(holdout), "--corpus", str(corpus)]) == 0
 
 
+def manifest_of(documents: bytes, count: int) -> str:
+    """The manifest `hitoban corpus` writes for `documents` (the fields its reader checks)."""
+    import hashlib
+
+    return json.dumps({"total_chars": len(documents.decode("utf-8")), "total_documents": count, "sources": [],
+                       "output": {"sha256": hashlib.sha256(documents).hexdigest(), "bytes": len(documents)}})
+
+
 def test_a_corpus_folder_is_recorded_by_the_bytes_scanned_not_its_manifest(tmp_path):
     """A trimmed documents.jsonl beside its original manifest: the report records the hash of what was read and
     says it differs from the manifest, so a card matching the real corpus's hash cannot cite this scan."""
@@ -562,7 +570,7 @@ def test_a_corpus_folder_is_recorded_by_the_bytes_scanned_not_its_manifest(tmp_p
     corpus.mkdir()
     documents = [json.dumps({"text": FILLER + str(i)}, ensure_ascii=False) + "\n" for i in range(20)]
     full = "".join(documents).encode("utf-8")
-    (corpus / "manifest.json").write_text(json.dumps({"output": {"sha256": hashlib.sha256(full).hexdigest()}}))
+    (corpus / "manifest.json").write_text(manifest_of(full, 20))
     holdout = tmp_path / "holdout.txt"
     holdout.write_text(HOLDOUT_LINE + "\n", encoding="utf-8")
     for kept in (20, 19, 1):

@@ -91,7 +91,8 @@ VERBS = {
     "watch": (["watch", "run", "--once"], 0, "step 50/100"),
     "shards --verify": (["shards", "--verify", "shards"], 0, "shards OK: 2 files"),
     "card": (["card", "model", "--repo", "someone/tiny"], 0, "model card -> model/README.md"),
-    "upload --dry-run": (["upload", "model", "--repo", "someone/tiny", "--dry-run"], 0, '"dry_run": true'),
+    # a folder saved without hitoban's lineage: the gates run (hashing every file, no torch) and refuse it
+    "upload --dry-run": (["upload", "model", "--repo", "someone/tiny", "--dry-run"], 1, "REFUSED: no lineage.json"),
     "federate keys": (["federate", "keys", "--out", "keys", "--machine", "m1"], 0, '"m1"'),
 }
 

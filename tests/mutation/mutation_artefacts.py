@@ -54,6 +54,16 @@ def build_night(corpus_dir: Path, root: Path) -> dict[str, Path]:
     (root / "inputs" / "questions.jsonl").write_text(json.dumps(
         {"id": "daily_1", "category": "日常", "turns": ["雨の日は何をすればいいですか"], "keywords": ["雨"]},
         ensure_ascii=False) + "\n", encoding="utf-8")
+    holdout = root / "inputs" / "holdout.jsonl"  # held-out chats the corpus never saw: leaks finds nothing
+    holdout.write_text(json.dumps({"messages": [
+        {"role": "user", "content": "量子計算機の誤り訂正について三行で説明してください"},
+        {"role": "assistant", "content": "表面符号は隣り合う量子ビットの測定で誤りを見つけ、多数決で直します"}]},
+        ensure_ascii=False) + "\n", encoding="utf-8")
+    chats = root / "inputs" / "chats.jsonl"
+    lines = [line.strip() for line in text.read_text(encoding="utf-8").splitlines() if len(line.strip()) >= 40]
+    # the corpus's own characters (sft refuses text the tokenizer has no pieces for)
+    chats.write_text("".join(json.dumps({"user": line[:20], "assistant": line[20:40]}, ensure_ascii=False) + "\n"
+                             for line in lines[:8]), encoding="utf-8")
     quiet(["eval", "bpc", str(root / "run" / "final"), "--domain", f"prose={text}", "--out",
            str(root / "reports" / "bpc.json")])
     release = root / "release"
@@ -63,4 +73,4 @@ def build_night(corpus_dir: Path, root: Path) -> dict[str, Path]:
            "--out", str(release / "pii.json")])
     return {"corpus": root / "corpus", "tok": root / "tok", "shards": root / "shards", "run": root / "run",
             "final": root / "run" / "final", "reports": root / "reports", "release": release,
-            "prose": text, "questions": root / "inputs" / "questions.jsonl"}
+            "prose": text, "questions": root / "inputs" / "questions.jsonl", "holdout": holdout, "chats": chats}

@@ -336,6 +336,8 @@ def judge(case: Case, answer: Answer, changed: bool, outside_changes: list[str])
             problems.append(f"exit {answer.code} without exactly one error line: {answer.err[-400:]!r}")
         elif any(ord(c) < 32 and c != "\t" for c in lines[0]):
             problems.append(f"control characters printed raw in the error line: {lines[0][:200]!r}")
+    elif answer.code == 4 and "NOT MEASURED" in answer.out + answer.err and "Traceback" not in answer.err:
+        pass  # a measuring verb that says it measured nothing (ExitCode.NOT_MEASURED): a named refusal, not a pass
     else:
         problems.append(f"exit {answer.code}: {(answer.err or answer.out)[-300:]!r}")
     if outside_changes:
@@ -389,7 +391,7 @@ def table(outcomes: list[Outcome]) -> str:
         row = rows.setdefault(o.case.verb.name, [0, 0, 0, 0, 0.0])
         row[0] += 1
         row[1] += o.answer.code == 0 and not o.problems
-        row[2] += o.answer.code in (1, 2) and not o.problems
+        row[2] += o.answer.code in (1, 2, 4) and not o.problems
         row[3] += bool(o.problems)
         row[4] += o.answer.seconds
     width = max([len(v) for v in rows] + [4])

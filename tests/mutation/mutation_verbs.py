@@ -51,4 +51,18 @@ VERBS = [
     Verb("upload --dry-run", "release", lambda m, o, a: ["upload", str(m), "--repo", "me/tiny", "--dry-run"],
          certifies=("model.safetensors", "README.md", "pii.json"), ships_links=True),
 ]
+VERBS += [
+    Verb("leaks", "corpus", lambda m, o, a: ["leaks", "--holdout", str(a["holdout"]), "--corpus", str(m), "--out",
+                                             str(o / "leaks.json")]),
+    Verb("pii", "final", lambda m, o, a: ["pii", str(m), "--corpus", str(a["corpus"]), "--samples", "20",
+                                          "--max-new-tokens", "4", "--out", str(o / "pii.json")],
+         members=MODEL_AND_TOKENIZER + ("lineage.json",)),
+    Verb("pii", "corpus", lambda m, o, a: ["pii", str(a["final"]), "--corpus", str(m), "--samples", "20",
+                                           "--max-new-tokens", "4", "--out", str(o / "pii.json")]),
+    Verb("export-gguf", "final", lambda m, o, a: ["export-gguf", str(m), str(o / "model.gguf")],
+         members=MODEL_AND_TOKENIZER),
+    Verb("sft", "final", lambda m, o, a: ["sft", str(m), "--data", str(a["chats"]), "--out", str(o / "sft"),
+                                          "--max-steps", "1", "--batch-size", "2", "--cpu", "--min-char-freq", "1"],
+         members=MODEL_AND_TOKENIZER + ("lineage.json",)),
+]
 SKIPS = {"run": ("final/*",)}  # final/ is an artefact of its own

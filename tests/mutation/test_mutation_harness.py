@@ -14,13 +14,21 @@ import random
 from pathlib import Path
 
 import pytest
+from mutation_artefacts import build_night
 from mutation_harness import MUTATION_BY_NAME, Case, Harness, Outcome, all_cases, table
 from mutation_verbs import SKIPS, VERBS
 
 FAST_CASES = 36  # a seeded sample of the cheap verbs' cases: the fast tier's share
-EXPENSIVE = ("pretrain", "pretrain --resume auto", "tokenizer")  # a second or more each: slow tier only
+EXPENSIVE = ("pretrain", "pretrain --resume auto", "tokenizer", "sft")  # a second or more each: slow tier only
 PER_VERB = 45  # the slow tier's cap per (verb, artefact), a seeded sample: ~600 cases in ~5 min on 2 free cores
 PER_EXPENSIVE_VERB = 20
+
+@pytest.fixture(scope="module")  # here, not in a conftest.py of this folder: a second `conftest` module would hide
+def night(tmp_path_factory, corpus) -> dict[str, Path]:  # tests/conftest.py from every other test file
+    """The README's path built once (about 10 s on 2 cores): corpus, tok, shards, run (with final/), reports,
+    release and the small inputs the verbs take; never mutated (each case damages a copy)."""
+    return build_night(corpus, tmp_path_factory.mktemp("night"))
+
 
 # case id -> the file that must change, and why the case fails today. Owned by other engineers (release/*,
 # evaluation/leaks.py, evaluation/privacy.py, hitoban/provenance.py, training/pretrain/{checkpoint,resume,trainer}.py).

@@ -19,7 +19,7 @@ import torch
 from transformers import DataCollatorForSeq2Seq
 
 from hitoban.errors import InputError, OutputExistsError, UsageError
-from hitoban.modeling.loading import device_for
+from hitoban.modeling.loading import check_model_folder, device_for
 from hitoban.provenance import sha256_file, weights_sha256, write_json, write_lineage
 from hitoban.training.data.chat import ChatFilter, read_conversations, read_holdout_pairs
 from hitoban.training.finetune.lora import save_adapter_and_merged, with_adapter
@@ -208,6 +208,7 @@ def finetune(options: FinetuneOptions, *, save_total_limit: int = 2, resume: boo
     if not (base / "tokenizer.json").exists() or not (base / "chat_template.jinja").exists():
         raise MaskError(f"{base}: the base folder needs its tokenizer and chat template (tokenizer.json, "
                         "chat_template.jinja); fine-tuning never retrains the tokenizer")
+    check_model_folder(base, chat_template=True)  # the one model-folder check, before transformers reads it
     tok = AutoTokenizer.from_pretrained(base)
     conversations, read_info = read_conversations(data, o.skip_bad)
     holdout = [pair for path in o.exclude for pair in read_holdout_pairs(path)]
