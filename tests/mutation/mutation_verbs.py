@@ -65,4 +65,14 @@ VERBS += [
                                           "--max-steps", "1", "--batch-size", "2", "--cpu", "--min-char-freq", "1"],
          members=MODEL_AND_TOKENIZER + ("lineage.json",)),
 ]
+VERBS += [
+    Verb("compare", "final", lambda m, o, a: ["compare", str(m), str(a["final"]), "--max-new-tokens", "4", "--out",
+                                              str(o / "compare")], members=MODEL_AND_TOKENIZER),
+    Verb("tone", "final", lambda m, o, a: ["tone", str(m), "--data", str(a["chats"]), "--out", str(o / "tone"),
+                                           "--max-steps", "1", "--batch-size", "2", "--cpu", "--min-char-freq", "1"],
+         members=MODEL_AND_TOKENIZER + ("lineage.json",)),
+    Verb("calibrate", "shards", lambda m, o, a: ["calibrate", "--data", str(m), "--candidate", "tiny:2", "--steps",
+                                                 "1", "--warmup", "0", "--cpu", "--context", "32"],
+         members=TRAINING_SHARDS),
+]
 SKIPS = {"run": ("final/*",)}  # final/ is an artefact of its own

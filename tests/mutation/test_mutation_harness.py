@@ -19,7 +19,8 @@ from mutation_harness import MUTATION_BY_NAME, Case, Harness, Outcome, all_cases
 from mutation_verbs import SKIPS, VERBS
 
 FAST_CASES = 36  # a seeded sample of the cheap verbs' cases: the fast tier's share
-EXPENSIVE = ("pretrain", "pretrain --resume auto", "tokenizer", "sft")  # a second or more each: slow tier only
+# a second or more each: slow tier only
+EXPENSIVE = ("pretrain", "pretrain --resume auto", "tokenizer", "sft", "tone", "calibrate", "compare")
 PER_VERB = 45  # the slow tier's cap per (verb, artefact), a seeded sample: ~600 cases in ~5 min on 2 free cores
 PER_EXPENSIVE_VERB = 20
 
