@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from pathlib import Path
 
 from hitoban.errors import InputError, MissingInputError
@@ -96,3 +97,28 @@ def read_jsonl(path: str | os.PathLike, what: str, fields: dict | None = None) -
                              "damaged") from None
         records.append(check_fields(record, fields or {}, f"{what}: {Path(path).name} line {number}"))
     return records, note
+
+
+def read_safetensors_header(path: str | os.PathLike) -> dict[str, dict]:
+    """Tensor name -> its header entry (dtype, shape, data_offsets) of a whole safetensors file, read without torch:
+    the header's length is checked against the file before it is read, and the tensors must fill the file exactly
+    (truncated, appended to or replaced files are named here, not deep inside a loader)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: {'not a regular file' if path.exists() else 'missing'}; the model has no weights")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        if not 2 <= length <= size - 8:
+            raise InputError(f"{path.name}: not a whole safetensors file ({size:,} bytes); the weights are damaged")
+        header = f.read(length)
+    try:
+        entries = {name: t for name, t in json.loads(header.decode("utf-8")).items() if name != "__metadata__"}
+        ends = [t["data_offsets"][1] for t in entries.values()]
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, TypeError, KeyError, IndexError):
+        raise InputError(f"{path.name}: the safetensors header is damaged; the weights cannot be read") from None
+    if max(ends, default=0) != size - 8 - length:
+        raise InputError(f"{path.name}: {size:,} bytes, its header describes {8 + length + max(ends, default=0):,}: "
+                         "truncated or appended to")
+    return entries

@@ -6,14 +6,12 @@ so each reads a folder the same way and fails the same clear way on a folder tha
 
 from __future__ import annotations
 
-import json
-import struct
 from pathlib import Path
 
 import torch
 
 from hitoban.errors import InputError
-from hitoban.files import check_fields, read_json, read_text
+from hitoban.files import check_fields, read_json, read_safetensors_header, read_text
 
 # The files that make a saved tokenizer folder loadable with AutoTokenizer (copied into checkpoints, shards and
 # exports).
@@ -70,25 +68,8 @@ def weight_files_to_check(path: Path) -> list[Path]:
 
 
 def check_safetensors(path: Path) -> None:
-    """A safetensors file whose header parses and whose tensors fill the file exactly (truncated, appended to or
-    replaced files are named here, not deep inside the loader)."""
-    if not path.is_file():
-        raise InputError(f"{path}: {'not a regular file' if path.exists() else 'missing'}; the model has no weights")
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
-        if not 2 <= length <= size - 8:
-            raise InputError(f"{path.name}: not a whole safetensors file ({size:,} bytes); the weights are damaged")
-        header = f.read(length)
-    try:
-        tensors = json.loads(header.decode("utf-8"))
-        ends = [t["data_offsets"][1] for name, t in tensors.items() if name != "__metadata__"]
-    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, TypeError, KeyError, IndexError):
-        raise InputError(f"{path.name}: the safetensors header is damaged; the weights cannot be read") from None
-    if max(ends, default=0) != size - 8 - length:
-        raise InputError(f"{path.name}: {size:,} bytes, its header describes {8 + length + max(ends, default=0):,}: "
-                         "truncated or appended to")
+    """A whole safetensors file (hitoban.files.read_safetensors_header says what is wrong with one that is not)."""
+    read_safetensors_header(path)
 
 
 def check_regular_files(folder: Path) -> None:

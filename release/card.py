@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
 from hitoban.errors import InputError, MissingInputError
+from hitoban.files import read_json, read_safetensors_header
 from hitoban.provenance import LLAMA_EXPORT_STAGE, ancestors, read_lineage, sha256_file, weights_sha256
 from hitoban.release.card_text import CardText
 from hitoban.release.formats import check_format, prepare_llama_export
@@ -160,17 +160,6 @@ CONFIG_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_k
                "max_position_embeddings", "vocab_size")  # what the card shows of config.json
 
 
-def _read_object(path: Path) -> dict:
-    """A JSON object the card needs (config.json, the weights' index), or one line naming the damaged file."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-    except (ValueError, UnicodeDecodeError, OSError):
-        data = None
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: not a readable JSON object; save the model again (or restore the file)")
-    return data
-
-
 def safetensors_shapes(model_dir: Path) -> dict[str, list[int]] | None:
     """Tensor name -> shape from the headers of `model.safetensors` (or the shards its index names), None without
     them. A safetensors file starts with its header's length (8 bytes, little-endian) and the JSON header: no tensor
@@ -179,7 +168,8 @@ def safetensors_shapes(model_dir: Path) -> dict[str, list[int]] | None:
     if single.exists():
         files = [single]
     elif index.exists():
-        files = [model_dir / name for name in sorted(set(_read_object(index)["weight_map"].values()))]
+        weight_map = read_json(index, f"{model_dir}", fields={"weight_map": dict})["weight_map"]
+        files = [model_dir / name for name in sorted(set(weight_map.values()))]
     else:
         return None
     shapes = {}
@@ -189,21 +179,11 @@ def safetensors_shapes(model_dir: Path) -> dict[str, list[int]] | None:
 
 
 def _header_shapes(path: Path) -> dict[str, list[int]]:
-    """One safetensors file's tensor shapes, or an InputError naming it: the header's length is checked against the
-    file before it is read (a damaged length once asked for exabytes)."""
-    damaged = InputError(f"{path}: not a whole safetensors file; save the model again (or restore the file)")
-    if not path.is_file():
-        raise damaged
-    size = path.stat().st_size
+    """One safetensors file's tensor shapes, from the one header reader (hitoban.files), without torch."""
     try:
-        with open(path, "rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            if length > size - 8:
-                raise damaged
-            header = json.loads(f.read(length))
-        return {name: list(entry["shape"]) for name, entry in header.items() if name != "__metadata__"}
-    except (struct.error, ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
-        raise damaged from None
+        return {name: list(entry["shape"]) for name, entry in read_safetensors_header(path).items()}
+    except (KeyError, TypeError):
+        raise InputError(f"{path}: the safetensors header has no shapes; save the model again") from None
 
 
 def count_parameters(model_dir: Path) -> tuple[int, int, dict]:
@@ -211,7 +191,7 @@ def count_parameters(model_dir: Path) -> tuple[int, int, dict]:
     `model.parameters()` counts: a tied output embedding is saved once, rotary buffers are not saved), so `hitoban
     card` starts without torch; a test keeps it equal to the count of the instantiated model. Anything else (no
     safetensors, another model type, an embedding whose shape disagrees with config.json) is counted the slow way."""
-    config = _read_object(model_dir / "config.json")
+    config = read_json(model_dir / "config.json", f"{model_dir}")
     shapes = safetensors_shapes(model_dir)
     if (shapes and config.get("model_type") in ("hitoban", "llama") and all(k in config for k in CONFIG_KEYS)
             and shapes.get(EMBEDDING) == [config["vocab_size"], config["hidden_size"]]):
