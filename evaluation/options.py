@@ -1,11 +1,11 @@
-"""`hitoban eval`'s options, defined once (training/options.py's mechanism): bits/char over domains and shards, or
+"""`hitoban eval`'s options, defined once (hitoban/options.py's mechanism): bits/char over domains and shards, or
 3LM's generation metrics on fixed questions."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hitoban.training.options import Checked, option
+from hitoban.options import Checked, option
 
 DOMAIN_CHARS = 400_000  # 3LM truncates each domain to its first 400,000 characters
 

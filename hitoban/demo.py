@@ -69,7 +69,7 @@ class Stages:
 
 def pretrain_options(settings: DemoSettings, cpu: bool, seed: int) -> list[str]:
     """The demo night's `hitoban pretrain` options (the kill test runs exactly these)."""
-    from hitoban.training.options import argv_for
+    from hitoban.options import argv_for
     from hitoban.training.pretrain.options import PretrainConfig
 
     return argv_for(PretrainConfig, preset="tiny", batch_size=settings.batch_size, context=settings.context,

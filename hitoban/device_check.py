@@ -81,7 +81,7 @@ def _data(out: Path, seed: int):
 
 def _options(cpu: bool, seed: int) -> list[str]:
     """The doctor night's `hitoban pretrain` options: auto precision, eager (compile is the in-process run's)."""
-    from hitoban.training.options import argv_for
+    from hitoban.options import argv_for
     from hitoban.training.pretrain.options import PretrainConfig
 
     return argv_for(PretrainConfig, preset="tiny", batch_size=BATCH, context=CONTEXT, lr=3e-3, warmup_frac=0.05,

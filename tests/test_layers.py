@@ -13,7 +13,7 @@ from conftest import REPO
 # README names -> module prefixes ("training root": each top-level module of training/, not its rooms)
 NAMES = {"modeling": "hitoban.modeling", "training": "hitoban.training", "evaluation": "hitoban.evaluation",
          "release": "hitoban.release", "hitoban.errors": "hitoban.errors", "hitoban.files": "hitoban.files",
-         "hitoban.provenance": "hitoban.provenance",
+         "hitoban.provenance": "hitoban.provenance", "hitoban.options": "hitoban.options",
          "training.data": "hitoban.training.data", "training.pretrain": "hitoban.training.pretrain",
          "training.finetune": "hitoban.training.finetune", "training.federated": "hitoban.training.federated",
          "training root": None}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hitoban.errors import UsageError
-from hitoban.training.options import ranged
+from hitoban.options import ranged
 from hitoban.verbs import parse_pairs, verb
 
 

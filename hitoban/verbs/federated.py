@@ -9,7 +9,7 @@ from hitoban.verbs import print_json, verb
 
 def _federate_args(p):
     from hitoban.training.federated.options import JoinOptions, KeysOptions, ServeOptions
-    from hitoban.training.options import add_options
+    from hitoban.options import add_options
 
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True, help="serve, join or keys (each has "
                            "its own --help)")
@@ -32,7 +32,7 @@ def _require_flower() -> None:
 @verb("federate", "train one model on several machines over the internet (DiLoCo on Flower): serve, join, keys")(
     _federate_args)
 def _federate(args) -> int:
-    from hitoban.training.options import from_args
+    from hitoban.options import from_args
 
     if args.action == "keys":
         from hitoban.training.federated.keys import make_keys

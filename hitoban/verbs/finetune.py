@@ -32,7 +32,7 @@ def _options(name: str) -> type:
 
 def _finetune_args(name: str):
     def add(p):
-        from hitoban.training.options import add_options
+        from hitoban.options import add_options
 
         add_options(p, _options(name))
     return add
@@ -40,7 +40,7 @@ def _finetune_args(name: str):
 
 def _run_finetune(args, name: str) -> int:
     from hitoban.training.finetune.sft import finetune
-    from hitoban.training.options import from_args
+    from hitoban.options import from_args
 
     finetune(from_args(_options(name), args))
     return 0

@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 from hitoban.errors import ExitCode, UsageError
-from hitoban.training.options import ranged
+from hitoban.options import ranged
 from hitoban.verbs import parse_pairs, verb
 
 
 def _eval_args(p):
     from hitoban.evaluation.options import EvalOptions
-    from hitoban.training.options import add_options
+    from hitoban.options import add_options
 
     add_options(p, EvalOptions)
 
@@ -21,7 +21,7 @@ def _eval_args(p):
 def _eval(args) -> int:
     from hitoban.evaluation.bpc import cross_domain, write_outputs
     from hitoban.evaluation.options import EvalOptions
-    from hitoban.training.options import from_args
+    from hitoban.options import from_args
 
     options = from_args(EvalOptions, args)  # ranges checked before anything is read
     if options.kind == "gen":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hitoban.errors import ExitCode
-from hitoban.training.options import ranged
+from hitoban.options import ranged
 from hitoban.verbs import print_json, verb
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from hitoban.errors import ExitCode
-from hitoban.training.options import ranged
+from hitoban.options import ranged
 from hitoban.verbs import verb
 
 
 def _pretrain_args(p):
-    from hitoban.training.options import add_options
+    from hitoban.options import add_options
     from hitoban.training.pretrain.options import PretrainConfig, SuperviseOptions
 
     add_options(p, PretrainConfig)
@@ -19,7 +19,7 @@ def _pretrain_args(p):
 
 @verb("pretrain", "pretrain on shards with crash-safe A/B checkpoints and exact resume (Accelerate)")(_pretrain_args)
 def _pretrain(args) -> int:
-    from hitoban.training.options import from_args
+    from hitoban.options import from_args
     from hitoban.training.pretrain.options import PretrainConfig
     from hitoban.training.pretrain.trainer import pretrain
 
@@ -39,7 +39,7 @@ def _pretrain(args) -> int:
 
 
 def _killtest_args(p):
-    from hitoban.training.options import add_options
+    from hitoban.options import add_options
     from hitoban.training.pretrain.options import KillTestOptions
 
     add_options(p, KillTestOptions)
@@ -49,7 +49,7 @@ def _killtest_args(p):
                   "uninterrupted run")(_killtest_args)
 def _killtest(args) -> int:
     from hitoban.evaluation.plots import plot_killtest
-    from hitoban.training.options import argv_for, from_args, to_argv
+    from hitoban.options import argv_for, from_args, to_argv
     from hitoban.training.pretrain.killtest import run_killtest
     from hitoban.training.pretrain.options import KillTestOptions, PretrainConfig, TrainingOptions
 
@@ -78,7 +78,7 @@ def _watch(args) -> int:
 
 
 def _calibrate_args(p):
-    from hitoban.training.options import add_options
+    from hitoban.options import add_options
     from hitoban.training.pretrain.options import CalibrateOptions
 
     add_options(p, CalibrateOptions)
@@ -87,7 +87,7 @@ def _calibrate_args(p):
 @verb("calibrate", "measure tok/s per model/batch and pick the run closest to D/N = 20 for the night")(
     _calibrate_args)
 def _calibrate(args) -> int:
-    from hitoban.training.options import from_args
+    from hitoban.options import from_args
     from hitoban.training.pretrain.calibrate import calibrate
     from hitoban.training.pretrain.options import CalibrateOptions
 

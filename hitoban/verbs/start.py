@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hitoban.training.options import ranged
+from hitoban.options import ranged
 from hitoban.verbs import verb
 
 

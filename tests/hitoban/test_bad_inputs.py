@@ -127,7 +127,7 @@ def test_every_verb_answers_bad_input_in_one_line_and_changes_nothing(inputs, ca
 def test_the_judge_fails_a_verb_whose_validation_is_removed(inputs, capsys, monkeypatch):
     """Negative control: with the option ranges unchecked, `pretrain --batch-size 0` crashes inside the loop (or
     starts), and the judge says so."""
-    import hitoban.training.options as options
+    import hitoban.options as options
 
     monkeypatch.setattr(options, "check_ranges", lambda _: None)
     monkeypatch.setattr("hitoban.training.pretrain.options.check_ranges", lambda _: None)
@@ -193,7 +193,7 @@ def test_the_property_fails_when_the_range_checks_are_removed(tiny_shards, tmp_p
     """Negative control: with the option ranges unchecked, a value the property generates (--batch-size 0) gets
     past the options and crashes inside the model with a traceback that does not name the option; the same judge
     fails it."""
-    import hitoban.training.options as options
+    import hitoban.options as options
 
     monkeypatch.setattr(options, "check_ranges", lambda _: None)
     monkeypatch.setattr("hitoban.training.pretrain.options.check_ranges", lambda _: None)

@@ -1,4 +1,4 @@
-"""`hitoban federate`'s options, defined once (training/options.py): the server's (the night's trajectory, the budget,
+"""`hitoban federate`'s options, defined once (hitoban/options.py): the server's (the night's trajectory, the budget,
 DiLoCo's outer step, rounds and leases, the network), a machine's, and the key maker's. Standard library only:
 `hitoban --help` builds these parsers without torch or Flower."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hitoban.training.options import Checked, check_ranges, option, parse_count, same_as
+from hitoban.options import Checked, check_ranges, option, parse_count, same_as
 from hitoban.training.pretrain.options import PretrainConfig, TrainingOptions
 
 DEFAULT_PORT = 9093  # the SuperLink's one HTTP port (Fleet, Control and the ServerApp's API)

@@ -1,4 +1,4 @@
-"""`hitoban sft`, `hitoban tone` and their LoRA variant: options defined once (training/options.py).
+"""`hitoban sft`, `hitoban tone` and their LoRA variant: options defined once (hitoban/options.py).
 
 `tone` is `sft` with 3LM's tone-stage defaults (a few dozen steps at a lower lr, every character kept). The chat
 filter's and LoRA's defaults are their own settings' (`ChatFilterSettings`, `LoraSettings`), read here, not
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from hitoban.training.data.chat import ChatFilterSettings
 from hitoban.training.finetune.lora import LoraSettings
-from hitoban.training.options import Checked, option
+from hitoban.options import Checked, option
 from hitoban.training.trackers import REPORT_TO_HELP, parse_report_to
 
 _FILTERS, _LORA = ChatFilterSettings(), LoraSettings()

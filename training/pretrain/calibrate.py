@@ -30,7 +30,7 @@ from hitoban.training.hardware import (
     plan_device,
     synchronize,
 )
-from hitoban.training.options import argv_for
+from hitoban.options import argv_for
 from hitoban.training.pretrain.optim import build_optimizer
 from hitoban.training.pretrain.options import CalibrateOptions, PretrainConfig, shaped_config
 from hitoban.training.step import make_accelerator, reset_accelerate_state, train_step

@@ -1,4 +1,4 @@
-"""`hitoban pretrain`'s options, defined once (training/options.py): the trajectory (what the kill test must
+"""`hitoban pretrain`'s options, defined once (hitoban/options.py): the trajectory (what the kill test must
 run exactly) and the run's budget, folder and bookkeeping. `hitoban killtest`, `calibrate` and `--supervise` take
 theirs from here too. Standard library only at import: `hitoban --help` builds every parser without torch."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hitoban.training.options import Checked, check_ranges, option, parse_count, same_as
+from hitoban.options import Checked, check_ranges, option, parse_count, same_as
 from hitoban.training.trackers import REPORT_TO_HELP, parse_report_to
 
 DEFAULT_LR = {"muon": 2e-3, "adamw": 6e-4}  # adamw: 3LM's; muon: kept for the shapes no sweep has measured

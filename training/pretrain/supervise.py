@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from hitoban.errors import ExitCode
-from hitoban.training.options import argv_for, flag_of
+from hitoban.options import argv_for, flag_of
 from hitoban.training.pretrain.checkpoint import TrainState, current_slot
 from hitoban.training.pretrain.options import PretrainConfig, SuperviseOptions
 

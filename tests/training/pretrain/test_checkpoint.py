@@ -74,7 +74,7 @@ def test_a_damaged_newest_slot_falls_back_to_the_previous_one_and_says_so(tiny_s
     checksums catch it: the previous slot is resumed, one line names the file, and the next save overwrites the
     damaged slot, not the intact one. With both slots damaged, `hitoban pretrain` refuses in one line, exit 2."""
     from hitoban.cli import main
-    from hitoban.training.options import to_argv
+    from hitoban.options import to_argv
     from hitoban.training.pretrain.checkpoint import verify_slot
 
     run = tmp_path / "run"

@@ -1,4 +1,4 @@
-"""Options defined once (training/options.py): the command line from the dataclass, and the kill test's
+"""Options defined once (hitoban/options.py): the command line from the dataclass, and the kill test's
 runs given the night's exact options back."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from hitoban.training.options import add_options, from_args, to_argv
+from hitoban.options import add_options, from_args, to_argv
 from hitoban.training.pretrain.options import PretrainConfig, TrainingOptions
 
 
