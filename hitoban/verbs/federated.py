@@ -8,8 +8,8 @@ from hitoban.verbs import print_json, verb
 
 
 def _federate_args(p):
-    from hitoban.training.federated.options import JoinOptions, KeysOptions, ServeOptions
     from hitoban.options import add_options
+    from hitoban.training.federated.options import JoinOptions, KeysOptions, ServeOptions
 
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True, help="serve, join or keys (each has "
                            "its own --help)")

@@ -39,8 +39,8 @@ def _finetune_args(name: str):
 
 
 def _run_finetune(args, name: str) -> int:
-    from hitoban.training.finetune.sft import finetune
     from hitoban.options import from_args
+    from hitoban.training.finetune.sft import finetune
 
     finetune(from_args(_options(name), args))
     return 0

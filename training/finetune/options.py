@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hitoban.options import Checked, option
 from hitoban.training.data.chat import ChatFilterSettings
 from hitoban.training.finetune.lora import LoraSettings
-from hitoban.options import Checked, option
 from hitoban.training.trackers import REPORT_TO_HELP, parse_report_to
 
 _FILTERS, _LORA = ChatFilterSettings(), LoraSettings()

@@ -21,6 +21,7 @@ import torch
 from hitoban.errors import ResourceError
 from hitoban.modeling import HitobanForCausalLM
 from hitoban.modeling.loading import device_for
+from hitoban.options import argv_for
 from hitoban.provenance import write_json
 from hitoban.training.hardware import (
     check_precision,
@@ -30,7 +31,6 @@ from hitoban.training.hardware import (
     plan_device,
     synchronize,
 )
-from hitoban.options import argv_for
 from hitoban.training.pretrain.optim import build_optimizer
 from hitoban.training.pretrain.options import CalibrateOptions, PretrainConfig, shaped_config
 from hitoban.training.step import make_accelerator, reset_accelerate_state, train_step

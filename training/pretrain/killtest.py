@@ -30,8 +30,8 @@ import torch
 from safetensors.torch import load_file
 
 from hitoban.errors import UsageError
-from hitoban.provenance import weights_sha256, write_json
 from hitoban.options import argv_for, flag_of
+from hitoban.provenance import weights_sha256, write_json
 from hitoban.training.pretrain.checkpoint import (
     DETERMINISTIC_ENV,
     PAUSE_IN_SAVE_ENV,
