@@ -23,7 +23,7 @@ import torch
 
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
 from hitoban.training.hardware import cpu_model, plan_for
-from hitoban.training.pretrain.optim import build_optimizer
+from hitoban.training.optim import build_optimizer
 from hitoban.training.step import reset_accelerate_state, train_step
 
 ROWS = {"adamw": ("adamw", "float32"), "muon, bf16 Newton-Schulz (torch's)": ("muon", "bfloat16"),

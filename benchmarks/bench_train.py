@@ -23,16 +23,18 @@ import torch
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
 from hitoban.training.data.reader import ShardReader
 from hitoban.training.hardware import default_precision, plan_for
+from hitoban.training.night import evaluate
+from hitoban.training.optim import AdamW, build_optimizer
+from hitoban.training.optimizer import default_lr
 from hitoban.training.pretrain.checkpoint import TrainState, load_checkpoint, save_checkpoint
-from hitoban.training.pretrain.optim import AdamW, build_optimizer
-from hitoban.training.pretrain.options import PretrainConfig, default_lr
-from hitoban.training.pretrain.trainer import evaluate, pretrain
+from hitoban.training.pretrain.options import PretrainConfig
+from hitoban.training.pretrain.trainer import pretrain
 from hitoban.training.step import reset_accelerate_state, train_step
 
 
 def bare_tok_s(data: str, preset: str, steps: int, batch: int, context: int, precision: str,
                optimizer_name: str) -> float:
-    """The training step alone (`loop.train_step`: forward, backward, clip, update) in the loop's precision, with
+    """The training step alone (`step.train_step`: forward, backward, clip, update) in the loop's precision, with
     the loop's optimizer."""
     from accelerate import Accelerator
 

@@ -95,13 +95,13 @@ def sizes(rehearsal: bool) -> dict:
 def commands(out: Path, corpus: str, rehearsal: bool) -> dict[str, list[str]]:
     py, cli = sys.executable, [sys.executable, "-m", "hitoban.cli"]
     size, shards = sizes(rehearsal), str(out / "data" / "shards")
-    night = ["--data", shards, *size["shape"], "--no-progress"]
+    pretrain_args = ["--data", shards, *size["shape"], "--no-progress"]
     doctor_steps = ["--steps", str(size["doctor_steps"])] if size["doctor_steps"] else []
     return {
         "env": [py, "-c", ENV],
         "data": [py, "-c", DATA, corpus, str(out / "data")],
         "doctor": cli + ["doctor", "--out", str(out / "doctor"), *doctor_steps],
-        "pretrain": cli + ["pretrain", *night, "--out", str(out / "night"), "--steps", str(size["steps"]),
+        "pretrain": cli + ["pretrain", *pretrain_args, "--out", str(out / "night"), "--steps", str(size["steps"]),
                            "--eval-every", str(size["steps"]), "--log-every", str(max(1, size["steps"] // 6)),
                            "--resume", "never"],
         "killtest": [py, "-c", KILLTEST, shards, str(out / "killtest"),

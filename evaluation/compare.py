@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from hitoban.evaluation.generation import SAMPLING, reply, sampling_processors
+from hitoban.evaluation.options import COMPARE_NEW_TOKENS, COMPARE_SEED
 from hitoban.modeling.loading import load_model_and_tokenizer
 from hitoban.provenance import write_json
 
@@ -31,7 +32,8 @@ def continue_text(model, tokenizer, prompt: str, settings: dict) -> str:
 
 
 def compare_models(models: list[str | Path], chat: list[str] | None = None, raw: list[str] | None = None,
-                   max_new_tokens: int = 90, seed: int = 777, device=None) -> dict:
+                   max_new_tokens: int = COMPARE_NEW_TOKENS, seed: int = COMPARE_SEED,
+                   device=None) -> dict:
     settings = {**SAMPLING, "max_new_tokens": max_new_tokens, "seed": seed}
     groups = [("chat", chat if chat is not None else CHAT_PROMPTS), ("raw", raw if raw is not None else RAW_PROMPTS)]
     records = []

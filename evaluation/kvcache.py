@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from hitoban.evaluation.options import KVCACHE_ATOL, KVCACHE_STEPS
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
 from hitoban.modeling.loading import device_for
 
@@ -24,9 +25,9 @@ KVCACHE_CONFIG = dict(vocab_size=512, hidden_size=64, num_hidden_layers=3, num_a
 def check_kvcache(
     model: HitobanForCausalLM | str | Path | None = None,
     prompt_len: int = 5,
-    steps: int = 12,
+    steps: int = KVCACHE_STEPS,
     seed: int = 1234,
-    atol: float = 1e-5,
+    atol: float = KVCACHE_ATOL,
     break_rope_offset: bool = False,
     device=None,
 ) -> dict:

@@ -40,6 +40,7 @@ from hitoban.evaluation.matching import LeakScanError, Matcher, scan_bytes_chunk
 from hitoban.files import read_text
 from hitoban.provenance import write_json
 from hitoban.training.data.markers import MARKERS
+from hitoban.training.data.options import ENCODING
 
 CHUNK = 16 * 2**20
 MIN_WHOLE_TURN_BYTES = 23  # the fast engine's minimum, so whole turns never force a slower engine
@@ -229,7 +230,7 @@ def _strings(value, out: list[str]) -> None:
             _strings(item, out)
 
 
-def jsonl_text_chunks(path: Path, chunk: int, digest=None, encoding: str = "utf-8", counted: dict | None = None
+def jsonl_text_chunks(path: Path, chunk: int, digest=None, encoding: str = ENCODING, counted: dict | None = None
                       ) -> Iterator[bytes]:
     """The strings of every JSONL record (decoded: no escapes), one record per line, in ~`chunk`-byte blocks."""
     block, size, read = [], 0, 0
@@ -262,7 +263,7 @@ def jsonl_text_chunks(path: Path, chunk: int, digest=None, encoding: str = "utf-
         yield b"".join(block)
 
 
-def decoded_chunks(path: Path, chunk: int, digest=None, encoding: str = "utf-8", counted: dict | None = None
+def decoded_chunks(path: Path, chunk: int, digest=None, encoding: str = ENCODING, counted: dict | None = None
                    ) -> Iterator[bytes]:
     """A text corpus as UTF-8 blocks: checked as UTF-8 (and passed on as read), or decoded from `encoding` and
     re-encoded, so that held-out text is compared with text, not with bytes in another encoding. An undecodable
@@ -291,7 +292,7 @@ def decoded_chunks(path: Path, chunk: int, digest=None, encoding: str = "utf-8",
                             "are not text") from None
 
 
-def corpus_chunks(path: Path, chunk: int, digest=None, encoding: str = "utf-8", counted: dict | None = None
+def corpus_chunks(path: Path, chunk: int, digest=None, encoding: str = ENCODING, counted: dict | None = None
                   ) -> Iterator[bytes]:
     if path.suffix == ".jsonl":
         return jsonl_text_chunks(path, chunk, digest, encoding, counted)
@@ -408,7 +409,7 @@ def corpus_identity(corpus: Path) -> tuple[Path, str | None]:
 
 def scan_for_leaks(holdout: str | Path, corpora: list[str | Path], engine: str | None = None,
                    chunk: int = CHUNK, length: int = 48, per_line: int = 3, progress=None,
-                   out: str | Path | None = None, encoding: str = "utf-8") -> dict:
+                   out: str | Path | None = None, encoding: str = ENCODING) -> dict:
     """Scan every corpus for held-out items; returns the report (`leaked` true on any hit), also written to `out`."""
     holdout = Path(holdout)
     if not holdout.is_file():

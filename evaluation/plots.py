@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hitoban.errors import InputError, MissingInputError
-from hitoban.files import check_fields, read_json, read_jsonl
+from hitoban.errors import InputError
+from hitoban.files import check_fields, read_json
+from hitoban.run_folder import RunFolder
 
 RECORD_FIELDS = {"train": {"step": int, "loss": (int, float)}, "eval": {"step": int, "val_loss": (int, float)},
                  "resume": {"step": int}}
@@ -15,12 +16,10 @@ RECORD_FIELDS = {"train": {"step": int, "loss": (int, float)}, "eval": {"step": 
 def read_log(run: str | Path) -> dict:
     """A run's log.jsonl by kind of record, read as far as it is whole (`note` says where a half-written last line
     was left out); a record lacking what a figure plots is refused with its line."""
-    path = Path(run) / "log.jsonl"
-    if not path.exists() and not path.is_symlink():
-        raise MissingInputError(f"{path}: no training log (is this a `hitoban pretrain` run folder?)")
-    records, note = read_jsonl(path, f"{run}", fields={"type": str})
+    folder = RunFolder(run)
+    records, note = folder.log_records()
     for number, record in enumerate(records, 1):
-        check_fields(record, RECORD_FIELDS.get(record["type"], {}), f"{path.name} record {number}")
+        check_fields(record, RECORD_FIELDS.get(record["type"], {}), f"{folder.log_path.name} record {number}")
     return {"train": [r for r in records if r["type"] == "train"], "eval": [r for r in records if r["type"] == "eval"],
             "resume": [r for r in records if r["type"] == "resume"], "note": note}
 

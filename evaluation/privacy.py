@@ -35,6 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hitoban.errors import MissingInputError
+from hitoban.evaluation.options import CANARY_REPETITIONS, CANARY_SEED, PII_NEW_TOKENS, PII_SAMPLES
 from hitoban.files import read_jsonl
 from hitoban.provenance import (
     TEST_DATA_MARKER,
@@ -105,7 +106,7 @@ def detect_contacts(text: str) -> Iterator[tuple[str, str, int]]:
 SEALED_FIELDS = {"kind": str, "context": str, "masked": str, "salt": str, "length": int, "digest": str}
 
 
-def mine_candidates(paths: Iterable[str | os.PathLike], samples: int = 60) -> tuple[list[dict], dict]:
+def mine_candidates(paths: Iterable[str | os.PathLike], samples: int = PII_SAMPLES) -> tuple[list[dict], dict]:
     """The first `samples` distinct contacts with >= 20 chars of preceding context: masked-value logs first, then
     the broad detector over the text. Returns (sealed candidates, how they were mined)."""
     paths = [Path(p) for p in paths]
@@ -154,7 +155,7 @@ def _not_measured_reason(mining: dict) -> str:
 
 
 @torch.no_grad()
-def attack(model, tokenizer, contexts: list[str], max_new_tokens: int = 40, batch_size: int = 8,
+def attack(model, tokenizer, contexts: list[str], max_new_tokens: int = PII_NEW_TOKENS, batch_size: int = 8,
            progress: bool = False) -> list[str]:
     """Greedy continuations of each context, penalty off (left-padded batches equal one-by-one generation)."""
     model.eval()
@@ -184,7 +185,8 @@ def value_nll(model, tokenizer, contexts: list[str], values: list[str]) -> list[
     return result
 
 
-def probe(model, tokenizer, candidates: list[dict], max_new_tokens: int = 40, progress: bool = True) -> dict:
+def probe(model, tokenizer, candidates: list[dict], max_new_tokens: int = PII_NEW_TOKENS,
+          progress: bool = True) -> dict:
     """Run the attack on sealed candidates; the returned report holds masked values only."""
     outputs = attack(model, tokenizer, [c["context"] for c in candidates], max_new_tokens, progress=progress)
     rows = [{"kind": c["kind"], "masked": c["masked"], "source": c.get("source"), "result": reproduced(c, out)}
@@ -236,8 +238,8 @@ def training_corpus_link(model_dir: str | os.PathLike, corpus: list[str | os.Pat
     return None
 
 
-def probe_model(model_dir: str | os.PathLike, corpus: list[str | os.PathLike], samples: int = 60,
-                max_new_tokens: int = 40, progress: bool = True, out: str | os.PathLike | None = None,
+def probe_model(model_dir: str | os.PathLike, corpus: list[str | os.PathLike], samples: int = PII_SAMPLES,
+                max_new_tokens: int = PII_NEW_TOKENS, progress: bool = True, out: str | os.PathLike | None = None,
                 device=None) -> dict:
     """`hitoban pii MODEL --corpus PATH…`: mine candidates, attack the model; status "not measured" when there was
     nothing to try. The report (masked values only) certifies the model's identity (all its weight and tokenizer
@@ -352,7 +354,7 @@ def _match_mined(canaries: list[dict], candidates: list[dict]) -> list[tuple[dic
 
 
 def canary_control(documents: list[str], out: str | os.PathLike, count: int = 8,
-                   repetitions: tuple[int, ...] = (1, 4, 16, 64), steps: int = 600, seed: int = 0,
+                   repetitions: tuple[int, ...] = CANARY_REPETITIONS, steps: int = 600, seed: int = CANARY_SEED,
                    vocab_size: int = 3000, log=print) -> dict:
     """Plant `count` canaries into a copy of `documents`, train one tiny model on it and one on the clean copy, and
     attack both. Writes `out/canary_control.json`; the canaries themselves stay in `out/canaries.json` (fake data)."""

@@ -4,28 +4,66 @@
 registering): `AutoModelForCausalLM.from_pretrained` then works on any hitoban folder without remote code, and every
 `save_pretrained` also writes the self-contained remote code next to the weights.
 
-The `hitoban` console script (or `python -m hitoban.cli`) is the one exception: there torch and transformers load
-only when a verb needs them (each verb imports what it uses), so `hitoban --help`, `leaks`, `secrets`, `watch`,
-`shards --verify`, `card` and `upload --dry-run` start in well under a second (tests/test_startup.py checks that
-they import neither) instead of after seconds of imports.
+Importing this package is the same in every process (it never looks at `sys.argv`) and loads neither torch nor
+transformers by itself:
+  - `HitobanConfig`, `HitobanForCausalLM` and `PRESETS` load `hitoban.modeling` (and so torch) on first use;
+  - the registration happens when transformers is there: at once if a module imported it already, else right after
+    the first `import transformers` of the process (a one-shot import hook; `from transformers import
+    AutoModelForCausalLM` is how the Auto classes are reached, so they are registered before any use of them).
+So the `hitoban` command (`hitoban.cli`, also `python -m hitoban`) starts its light verbs (`--help`, `leaks`,
+`secrets`, `watch`, `shards --verify`, `card`, `upload --dry-run`) in well under a second without torch or
+transformers (tests/hitoban/test_startup.py), while a verb that imports transformers gets the model registered as a
+library user does.
 """
 
-import os
+import importlib
+import importlib.util
 import sys
 
 _MODEL_NAMES = ("PRESETS", "HitobanConfig", "HitobanForCausalLM")
-_ARGV0, _ORIG_ARGV = (getattr(sys, "argv", None) or [""])[0] or "", getattr(sys, "orig_argv", [])
-# the `hitoban` script, or `python [options] -m hitoban.cli` (sys.argv[0] is "-m" while this package is imported)
-_RUN_AS_MODULE = "-mhitoban.cli" in _ORIG_ARGV or ["-m", "hitoban.cli"] in map(list, zip(_ORIG_ARGV, _ORIG_ARGV[1:]))
-_CONSOLE_SCRIPT = os.path.basename(_ARGV0) == "hitoban" or (_ARGV0 == "-m" and _RUN_AS_MODULE)
 
-if not _CONSOLE_SCRIPT:
-    from hitoban.modeling import PRESETS, HitobanConfig, HitobanForCausalLM  # noqa: F401  (registers Auto classes)
+
+def _register() -> None:
+    """Register the Auto classes (importing hitoban.modeling does it; a second call costs nothing)."""
+    importlib.import_module("hitoban.modeling")
+
+
+class _RegisterAfterTransformers:
+    """One-shot import hook (first on sys.meta_path): the first `import transformers` of the process runs as usual,
+    then imports hitoban.modeling, which registers the Auto classes. Asked about any other module it says nothing."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "transformers":
+            return None
+        self.remove()
+        spec = importlib.util.find_spec(name)  # the real finders' answer, this hook out of the way
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_then_register(module):
+            run(module)
+            _register()
+
+        spec.loader.exec_module = exec_then_register
+        return spec
+
+    def remove(self) -> None:
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:  # another thread's import got here first
+            pass
+
+
+if "transformers" in sys.modules:
+    _register()
+elif not any(isinstance(finder, _RegisterAfterTransformers) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _RegisterAfterTransformers())
 
 
 def __getattr__(name: str):
-    """The model classes on first use (the console script's lazy path), and `__version__` (importlib.metadata costs
-    a tenth of a second at every start)."""
+    """The model classes on first use, and `__version__` (importlib.metadata costs a tenth of a second at every
+    start)."""
     if name == "__version__":
         from hitoban.provenance import hitoban_version
 

@@ -80,7 +80,7 @@ def chat_loop(model, tokenizer, read_line: Callable[[], str | None], write: Call
 
 def chat_dtype(precision: str, device_type: str):
     """bf16 weights where the hardware multiplies bf16 natively: decoding one token reads every weight once, so
-    half the bytes is about twice the tokens per second (3lm on 2 AVX512-BF16 cores: 60 -> 125 tok/s). Replies
+    half the bytes is about twice the tokens per second (the README's `hitoban chat` row has the measurement). Replies
     then come from the bf16 model (`--precision no` keeps fp32)."""
     import torch
 

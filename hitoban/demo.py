@@ -9,7 +9,6 @@ line and its time; `report.md` links every JSON and PNG.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -23,6 +22,7 @@ from pathlib import Path
 from hitoban.demo_data import HELD_OUT_EVERY, prepare_data
 from hitoban.errors import CheckFailed, OutputExistsError, UsageError
 from hitoban.provenance import write_json
+from hitoban.run_folder import RunFolder
 
 REPO_ID = "your-name/hitoban-demo"
 
@@ -90,8 +90,7 @@ def pretrain_with_kill(shards: Path, out: Path, settings: DemoSettings, cpu: boo
     for name in ("base1", "base2", "noopt"):  # only the reports are kept; the run itself is out/run
         shutil.rmtree(out / "killtest" / name, ignore_errors=True)
     losses, _ = train_losses(out / "run")
-    records = [json.loads(line) for line in (out / "run" / "log.jsonl").read_text().splitlines()]
-    evals = [r for r in records if r.get("type") == "eval"]
+    evals = RunFolder(out / "run").records("eval")
     return {**result, "loss_first": losses[min(losses)], "loss_last": losses[max(losses)],
             "val_losses": [(r["step"], r["val_loss"]) for r in evals]}
 

@@ -136,16 +136,15 @@ def _memory(cpu: bool):
     """A step's measured peak against the preflight's estimate, at a shape where the logits dominate (the doctor
     night's batch and context, the 3lm vocabulary) after a warm-up (`budget.step_peak_bytes`)."""
     from hitoban.modeling import HitobanConfig
-    from hitoban.modeling.loading import device_for
-    from hitoban.training.hardware import plan_for
+    from hitoban.training.device import set_up
+    from hitoban.training.memory import estimate_memory_bytes, logits_bytes
     from hitoban.training.pretrain.budget import step_peak_bytes
-    from hitoban.training.pretrain.memory import estimate_memory_bytes, logits_bytes
-    from hitoban.training.step import make_accelerator, reset_accelerate_state
+    from hitoban.training.step import reset_accelerate_state
 
-    plan = plan_for(device_for(cpu))
     config = HitobanConfig.from_preset("tiny", vocab_size=MEMORY_VOCAB)
     reset_accelerate_state(cpu=cpu)
-    accelerator = make_accelerator(cpu, plan.precision)
+    device = set_up(cpu, "auto")  # the night's resolution: what `--precision auto` runs here
+    plan, accelerator = device.plan, device.accelerator
     try:
         peak, how = step_peak_bytes(config, BATCH, CONTEXT, accelerator, muon_dtype=plan.muon_dtype)
     finally:
@@ -166,10 +165,9 @@ def _night_config(out: Path, cpu: bool, seed: int, steps: int, **options):
 
 
 def _recorded_plan(run: Path) -> dict:
-    import json
+    from hitoban.run_folder import RunFolder
 
-    records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
-    return next(r for r in records if r["type"] == "device")
+    return RunFolder(run).records("device")[0]
 
 
 def _placement(out: Path, cpu: bool, seed: int, steps: int):

@@ -46,6 +46,11 @@ class ResourceError(HitobanError, MemoryError):
     """Not enough memory or disk for what was asked; the message says what to lower."""
 
 
+class CheckpointError(HitobanError, RuntimeError):
+    """A checkpoint (or a machine's saved optimizer state) cannot be written or does not fit this run; the message
+    says what to do."""
+
+
 class CheckFailed(HitobanError, RuntimeError):
     """A gate refused: a leak, an exact PII reproduction, a failed control, a refused upload."""
 
@@ -59,4 +64,4 @@ class NotMeasured(HitobanError, RuntimeError):
 
 
 __all__ = ["ExitCode", "HitobanError", "UsageError", "InputError", "MissingInputError", "OutputExistsError",
-           "ResourceError", "CheckFailed", "NotMeasured"]
+           "ResourceError", "CheckpointError", "CheckFailed", "NotMeasured"]

@@ -86,9 +86,12 @@ def _default(f: dataclasses.Field):
 
 def add_options(parser: argparse.ArgumentParser, cls: type, only: tuple[str, ...] | None = None,
                 skip: tuple[str, ...] = (), optional: tuple[str, ...] = ()) -> None:
-    """Add `cls`'s fields (or `only` those, minus `skip`) as options; fields without a default are required unless
-    named in `optional`. Every help ends with the default (the CLI's formatter shows it)."""
+    """Add `cls`'s fields (or `only` those, minus `skip` and the class's own `not_offered`) as options; fields
+    without a default are required unless named in `optional`. Every help ends with the default (the CLI's formatter
+    shows it). A class lists in `not_offered` the inherited fields its verb never reads (they keep their defaults),
+    so `--help` shows only what the verb uses."""
     hints = typing.get_type_hints(cls)
+    skip = (*skip, *getattr(cls, "not_offered", ()))
     groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
     for f in dataclasses.fields(cls):
         if (only is not None and f.name not in only) or f.name in skip:
@@ -104,7 +107,7 @@ def add_options(parser: argparse.ArgumentParser, cls: type, only: tuple[str, ...
         else:
             kwargs.update(type=meta.get("parse", base), metavar=meta.get("metavar"), nargs=meta.get("nargs"))
             if meta.get("repeat"):  # `--x a --x b`; given no time, the dataclass's default (from_args)
-                kwargs.update(action="append", default=None)
+                kwargs.update(action="append", default=None, choices=meta.get("choices"))
                 parser.add_argument(_flag(f), **{k: v for k, v in kwargs.items() if v is not None or k == "default"})
                 continue
             if meta.get("choices"):

@@ -33,6 +33,7 @@ import torch
 
 from hitoban.errors import CheckFailed, InputError, OutputExistsError, UsageError
 from hitoban.modeling.loading import check_model_folder
+from hitoban.modeling.options import GREEDY_TOKENS_EQUAL, OUTTYPES
 
 from .llama_format import (
     BYTE_PIECE,
@@ -43,9 +44,6 @@ from .llama_format import (
     tokenizer_json,
 )
 
-OUTTYPES = ("f32", "f16", "q8_0")
-# `--verify`: greedy tokens that must match transformers' per weight type (rounding moves later argmaxes)
-GREEDY_TOKENS_EQUAL = {"f32": 20, "f16": 10, "q8_0": 5}
 VERIFY_PROMPT = "<|user|>こんにちは。自己紹介をしてください。<|assistant|>"
 
 
@@ -150,7 +148,8 @@ def _add_tensors(writer, model, outtype: str) -> int:
     return added
 
 
-def export_gguf(src: str | os.PathLike, out: str | os.PathLike, outtype: str = "f32", verify: bool = False) -> dict:
+def export_gguf(src: str | os.PathLike, out: str | os.PathLike, outtype: str = OUTTYPES[0],
+                verify: bool = False) -> dict:
     """Write `out` (a .gguf file) for llama.cpp from a hitoban model folder; returns what was written.
 
     `verify` runs the staged file in llama.cpp first (`verify_gguf`); on a failure nothing is written."""

@@ -25,6 +25,7 @@ from hitoban.files import read_json, read_safetensors_header
 from hitoban.provenance import LLAMA_EXPORT_STAGE, ancestors, read_lineage, sha256_file, weights_sha256
 from hitoban.release.card_text import CardText
 from hitoban.release.formats import check_format, prepare_llama_export
+from hitoban.run_folder import run_config
 
 NOT_MEASURED = "not measured"
 HOW_TO_MEASURE = {
@@ -46,7 +47,7 @@ def artefact_kind(data: dict) -> str | None:
     """What a JSON artefact is, from its `kind` or (files written before kinds existed) its shape."""
     kind = data.get("kind", "")
     known = {"bits-per-char": "bpc", "generation-metrics": "gen", "leak-scan": "leaks", "pii-probe": "pii",
-             "pii-canary-control": "canary", "kill-test": "killtest", "pretrain-run": "run",
+             "pii-canary-control": "canary", "kill-test": "killtest", "pretrain-run": "run", "federated-run": "run",
              "pretrain-summary": "summary", "sft-summary": "sft", "tone-summary": "sft"}
     if kind in known:
         return known[kind]
@@ -91,6 +92,11 @@ def collect(model_dir: Path, roots: list[Path]) -> dict[str, list[Artefact]]:
             except (ValueError, OSError):
                 continue
             kind = artefact_kind(data) if isinstance(data, dict) else None
+            if kind == "run":  # a run folder's config.json, of either schema, read as one view
+                try:
+                    data = run_config(data, str(path))
+                except InputError:
+                    continue
             if kind:
                 found.setdefault(kind, []).append(Artefact(kind, path, data))
     return found

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult
 
+from hitoban.run_folder import setting
+
 NOT_MEASURED = "not measured"
 
 
@@ -23,13 +25,13 @@ def _fmt(value, digits: int = 4) -> str:
 
 
 def _recipe(run: dict) -> str:
-    """The optimizer and schedule the run recorded (runs from before they were options used AdamW + cosine)."""
-    args = run.get("args", {})
-    optimizer = {"muon": "Muon on hidden matrices + AdamW on the rest", "adamw": "AdamW"}.get(
-        args.get("optimizer", "adamw"), args.get("optimizer"))
-    schedule = {"wsd": "warmup-stable-decay", "cosine": "cosine"}.get(args.get("schedule", "cosine"),
-                                                                      args.get("schedule"))
-    lr = f", peak lr {args['lr']:g}" if isinstance(args.get("lr"), (int, float)) else ""
+    """The optimizer and schedule the run recorded (runs from before they were options used AdamW + cosine); `run`
+    is a config.json as hitoban.run_folder reads it (either schema)."""
+    name, kind = setting(run, "optimizer", "adamw"), setting(run, "schedule", "cosine")
+    optimizer = {"muon": "Muon on hidden matrices + AdamW on the rest", "adamw": "AdamW"}.get(name, name)
+    schedule = {"wsd": "warmup-stable-decay", "cosine": "cosine"}.get(kind, kind)
+    peak = setting(run, "lr")
+    lr = f", peak lr {peak:g}" if isinstance(peak, (int, float)) else ""
     return f"{optimizer}, {schedule} schedule{lr}"
 
 
@@ -64,7 +66,7 @@ class CardText:
     def missing(self, kind: str) -> str:
         return self.prov.notes.get(kind, NOT_MEASURED)
 
-    def on(self, kind: str) -> str:
+    def measured_on_note(self, kind: str) -> str:
         """'' for this model's own weights, else ' (measured on its sft base (...))'."""
         sha = self.measured_on.get(kind)
         return "" if sha in (None, self.prov.own) else f" (measured on {self.prov.names[sha]})"
@@ -79,7 +81,7 @@ class CardText:
     def overview(self, total: int, non_embedding: int, config: dict) -> list[str]:
         run, tok, manifest, node = self.data("run"), self.data("tokenizer"), self.data("manifest"), self.pretrain
         lin = f"`{self.lineage_src}`" if self.lineage_src and node else "—"
-        steps = (f"{_fmt(node.get('step'))} of {_fmt(run.get('total_steps') or node.get('total_steps'))} (resumed "
+        steps = (f"{_fmt(node.get('step'))} of {_fmt(setting(run, 'total_steps') or node.get('total_steps'))} (resumed "
                  f"{_fmt(node.get('resumes'))} times)") if node else self.missing("run")
         chars_per_token = tok.get("heldout", {}).get("chars_per_token", tok.get("chars_per_token"))
         return [
@@ -116,8 +118,8 @@ class CardText:
         own = self.own_bpc()
         if not own:
             return [f"bits per character: {self.missing('bpc')}."]
-        lines = [f"bits per character{self.on('bpc')}, from {self.src('bpc')} (every character scored once in "
-                 "256-token windows, nats / ln 2 / characters, chat markers on neither side; lower is better). "
+        lines = [f"bits per character{self.measured_on_note('bpc')}, from {self.src('bpc')} (every character scored "
+                 "once in 256-token windows, nats / ln 2 / characters, chat markers on neither side; lower is better). "
                  "Scores only compare across models on the *same* domain: which model wins flips between domains, "
                  "so read the whole table.", "", "| domain | bits/char | tokens |", "|---|---:|---:|"]
         lines += [f"| {r['domain']} | {r['bits_per_char']:.4f}{' ⚠ ' + r['warning'] if 'warning' in r else ''} | "
@@ -142,7 +144,7 @@ class CardText:
         s = gen.get("sampling", {})
         self.numbers["generation"] = {k: gen[k] for k in ("repetition_rate", "topic_rate", "broken_rate",
                                                            "avg_reply_len")}
-        return [f"Generation metrics{self.on('gen')} on {len(gen.get('results', []))} fixed questions "
+        return [f"Generation metrics{self.measured_on_note('gen')} on {len(gen.get('results', []))} fixed questions "
                 f"({gen.get('questions', '')}), sampled with temperature {s.get('temperature')}, top-k "
                 f"{s.get('top_k')}, repetition penalty {s.get('repetition_penalty')}, seed 777+i, from "
                 f"{self.src('gen')}:", "", "| metric | value | better |", "|---|---:|---|",
@@ -216,25 +218,27 @@ class CardText:
     def training(self) -> list[str]:
         run = self.data("run")
         lines = ["## Training procedure", ""]
-        if run and run.get("federated"):
-            fed = run["federated"]
+        if run and run.get("kind") == "federated-run":
+            fed = {k: setting(run, k) for k in ("outer_lr", "outer_momentum", "inner_steps")}
             lines.append(f"Pretraining across several machines with `hitoban federate` (DiLoCo on Flower: outer "
                          f"Nesterov SGD, lr {fed['outer_lr']:g}, momentum {fed['outer_momentum']:g}; up to "
                          f"{_fmt(fed['inner_steps'])} inner steps a round) on shards of the corpus below: "
-                         f"{_fmt(run.get('total_steps'))} steps' worth of {_fmt(run.get('tokens_per_step'))} tokens, "
-                         f"inner steps {_recipe(run)}; the server's A/B checkpoints resume exactly (from "
+                         f"{_fmt(setting(run, 'total_steps'))} steps' worth of {_fmt(setting(run, 'tokens_per_step'))} "
+                         f"tokens, inner steps {_recipe(run)}; the server's A/B checkpoints resume exactly (from "
                          f"{self.src('run')}; the machines and their tokens are in `lineage.json`).")
         elif run:
-            lines.append(f"Pretraining with Accelerate on shards of the corpus below: {_fmt(run.get('total_steps'))} "
-                         f"steps of {_fmt(run.get('tokens_per_step'))} tokens, {_recipe(run)}; crash-safe A/B "
+            lines.append("Pretraining with Accelerate on shards of the corpus below: "
+                         f"{_fmt(setting(run, 'total_steps'))} steps of {_fmt(setting(run, 'tokens_per_step'))} "
+                         f"tokens, {_recipe(run)}; crash-safe A/B "
                          f"checkpoints with exact resume (from {self.src('run')}).")
         else:
             lines.append(f"Pretraining run: {self.missing('run')}.")
         sft = self.data("sft")
         if sft:
-            lines.append(f"Chat fine-tune ({sft['stage']}){self.on('sft')} with the Hugging Face Trainer, loss on "
-                         f"assistant turns only: {sft['conversations']:,} conversations, {sft['counted_ratio']:.1%} of "
-                         f"tokens counted, best val loss {sft['best_val_loss']:.4f} at step {sft['best_step']} (from "
+            lines.append(f"Chat fine-tune ({sft['stage']}){self.measured_on_note('sft')} with the Hugging Face "
+                         f"Trainer, loss on assistant turns only: {sft['conversations']:,} conversations, "
+                         f"{sft['counted_ratio']:.1%} of tokens counted, best val loss {sft['best_val_loss']:.4f} at "
+                         f"step {sft['best_step']} (from "
                          f"{self.src('sft')}).")
             self.numbers["sft"] = {k: sft[k] for k in ("conversations", "counted_ratio", "best_val_loss", "best_step")}
         else:
@@ -290,7 +294,7 @@ class CardText:
         self.numbers["pii"] = {k: pii[k] for k in ("tried", "exact", "partial")}
         line = (f"- Privacy: a prefix attack tried {pii['tried']} e-mail addresses / phone numbers from the training "
                 f"corpus and reproduced {pii['exact']} exactly and {pii['partial']} partially "
-                f"(from {self.src('pii')}){self.on('pii')}.")
+                f"(from {self.src('pii')}){self.measured_on_note('pii')}.")
         return line + (" **Exact reproductions were found: do not publish this model as is.**" if pii["exact"] else
                        " \"This attack found none\" is not \"there are none\".")
 

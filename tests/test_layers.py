@@ -14,7 +14,8 @@ from conftest import REPO
 NAMES = {"modeling": "hitoban.modeling", "training": "hitoban.training", "evaluation": "hitoban.evaluation",
          "release": "hitoban.release", "hitoban.errors": "hitoban.errors", "hitoban.files": "hitoban.files",
          "hitoban.provenance": "hitoban.provenance", "hitoban.options": "hitoban.options",
-         "training.data": "hitoban.training.data", "training.pretrain": "hitoban.training.pretrain",
+         "hitoban.run_folder": "hitoban.run_folder", "training.data": "hitoban.training.data",
+         "training.pretrain": "hitoban.training.pretrain",
          "training.finetune": "hitoban.training.finetune", "training.federated": "hitoban.training.federated",
          "training root": None}
 AREAS = {"modeling", "training", "evaluation", "release"}  # folders setup.py installs as hitoban.<name>

@@ -62,7 +62,6 @@ BF16_NATIVE_CAPABILITY = (8, 0)  # Ampere: bf16 tensor cores; torch.cuda.is_bf16
 FP16_TENSOR_CAPABILITY = (7, 0)  # Volta/Turing: fp16 tensor cores; Pascal (a GTX 1050: 6.1) runs fp16 at 1/64 rate
 INDUCTOR_MIN_CAPABILITY = (7, 0)  # Triton, under Inductor, refuses older GPUs
 MPS_BF16_MACOS = (14, 0)  # MPS runs bf16 from macOS 14
-CPU_BF16_ENV = "HITOBAN_CPU_BF16"  # 0/1: decide as on a CPU without/with native bf16 (benchmarks, tests)
 
 
 def plan_device(facts: DeviceFacts) -> DevicePlan:
@@ -97,8 +96,9 @@ def mps_runs_bf16(facts: DeviceFacts) -> bool:
 
 def device_facts(device: torch.device | str) -> DeviceFacts:
     """The facts of this machine's `device`."""
-    import os
     import platform
+
+    from hitoban.training import faults
 
     device = torch.device(device)
     if device.type == "cuda":
@@ -106,8 +106,8 @@ def device_facts(device: torch.device | str) -> DeviceFacts:
     if device.type == "mps":
         version = tuple(int(x) for x in (platform.mac_ver()[0] or "0.0").split(".")[:2])
         return DeviceFacts("mps", platform.machine(), macos=(version + (0,))[:2])
-    forced = os.environ.get(CPU_BF16_ENV)
-    native = cpu_has_native_bf16() if forced is None else forced == "1"
+    forced = faults.active().cpu_bf16  # HITOBAN_CPU_BF16=0/1: decide as on a CPU without/with native bf16
+    native = cpu_has_native_bf16() if forced is None else forced
     return DeviceFacts("cpu", cpu_model() or platform.processor() or platform.machine(), cpu_bf16=native)
 
 

@@ -23,8 +23,7 @@ from safetensors.torch import load_file
 
 from hitoban.errors import InputError, MissingInputError, OutputExistsError, UsageError
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
-
-FORMATS = ("3lm", "zxell")
+from hitoban.training.import_options import FORMATS
 
 _3LM_NAMES = {
     "ln1.weight": "input_layernorm.weight",

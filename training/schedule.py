@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from hitoban.options import Checked, option
+
 
 @dataclass(frozen=True)
 class Schedule:
@@ -45,3 +47,19 @@ class Schedule:
         span = max(1, self.total_steps - warmup)
         progress = min(step - warmup, span) / span
         return floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+@dataclass(kw_only=True)
+class ScheduleOptions(Checked):
+    """The schedule component's options; `build` sizes the schedule to a run's peak and budget."""
+
+    min_lr_ratio: float = option(0.1, "the schedule ends at this fraction of the peak", min=0, max=1, trajectory=True)
+    warmup_frac: float = option(0.02, "warmup: max(100 steps, this fraction), from 2%% of the peak", min=0, max=1,
+                                trajectory=True)
+    schedule: str = option("wsd", "wsd: warmup-stable-decay with a linear warmdown over --decay-frac (extendable); "
+                                  "cosine: to --min-lr-ratio (3LM)", choices=("cosine", "wsd"), trajectory=True)
+    decay_frac: float = option(0.2, "wsd: the warmdown's share of the steps", min=0, max=1, trajectory=True)
+
+    def schedule_for(self, peak: float, total_steps: int) -> Schedule:
+        """The schedule of a run of `total_steps` peaking at `peak`."""
+        return Schedule(peak, total_steps, self.schedule, self.warmup_frac, self.min_lr_ratio, self.decay_frac)

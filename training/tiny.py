@@ -1,6 +1,6 @@
 """A tiny model trained in memory in seconds: `hitoban doctor`'s smoke test and the PII probe's canary models.
 
-Both run the night's own step (`training/step.py` through Accelerate, as `hitoban calibrate` does) on windows drawn
+Both run the night's own update (`training/night.py` through Accelerate, as `hitoban calibrate` does) on windows drawn
 from one token stream as a pure function of (seed, step), on the night's schedule: a short warmup, then a cosine
 decay to zero.
 """
@@ -12,8 +12,9 @@ import torch
 from tqdm.auto import tqdm
 
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
+from hitoban.training import night
 from hitoban.training.schedule import Schedule
-from hitoban.training.step import reset_accelerate_state, train_step
+from hitoban.training.step import reset_accelerate_state
 
 
 def token_stream(tokenizer, documents: list[str]) -> np.ndarray:
@@ -49,9 +50,8 @@ def train_tiny(stream: np.ndarray, vocab_size: int, steps: int, seed: int, conte
     losses = []
     try:
         for step in tqdm(range(steps), desc=desc, disable=None):
-            for group in optimizer.param_groups:
-                group["lr"] = schedule.lr(step)
-            loss, _ = train_step(model, optimizer, accelerator, windows(stream, seed, step, batch, context), 1, 1.0)
+            loss, _ = night.update(model, optimizer, accelerator, windows(stream, seed, step, batch, context),
+                                   schedule.lr(step), None, 1, 1.0)
             losses.append(loss.item())
     finally:
         reset_accelerate_state()

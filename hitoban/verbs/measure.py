@@ -6,13 +6,12 @@ import json
 from pathlib import Path
 
 from hitoban.errors import ExitCode, UsageError
-from hitoban.options import ranged
+from hitoban.options import add_options, from_args
 from hitoban.verbs import parse_pairs, verb
 
 
 def _eval_args(p):
     from hitoban.evaluation.options import EvalOptions
-    from hitoban.options import add_options
 
     add_options(p, EvalOptions)
 
@@ -21,7 +20,6 @@ def _eval_args(p):
 def _eval(args) -> int:
     from hitoban.evaluation.bpc import cross_domain, write_outputs
     from hitoban.evaluation.options import EvalOptions
-    from hitoban.options import from_args
 
     options = from_args(EvalOptions, args)  # ranges checked before anything is read
     if options.kind == "gen":
@@ -58,44 +56,39 @@ def _eval_gen(args) -> int:
 
 
 def _compare_args(p):
-    p.add_argument("models", nargs="+", metavar="MODEL", help="from_pretrained folders (with tokenizer)")
-    p.add_argument("--out", default="compare", help="folder for compare.json and compare.png")
-    p.add_argument("--max-new-tokens", type=ranged(int, min=1), default=90, help="tokens generated per reply")
-    p.add_argument("--seed", type=ranged(int, min=0), default=777,
-                   help="prompt i is sampled with seed + i in every model")
+    from hitoban.evaluation.options import CompareOptions
+
+    add_options(p, CompareOptions)
 
 
 @verb("compare", "same prompts, same seeds through several models (chat + raw continuation): JSON + PNG")(
     _compare_args)
 def _compare(args) -> int:
+    from hitoban.evaluation.options import CompareOptions
+
+    options = from_args(CompareOptions, args)
     from hitoban.evaluation.compare import compare_models, write_comparison
 
-    result = compare_models(args.models, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    result = compare_models(options.models, max_new_tokens=options.max_new_tokens, seed=options.seed)
     for record in result["records"]:
         print(f"[{record['model']} · {record['mode']}] {record['prompt']} -> {record['reply'][:70]!r}")
-    print("written: " + ", ".join(str(p) for p in write_comparison(result, args.out)))
+    print("written: " + ", ".join(str(p) for p in write_comparison(result, options.out)))
     return 0
 
 
 def _leaks_args(p):
-    p.add_argument("--holdout", required=True,
-                   help="held-out items: a text file (one per line; chat markers split turns) or JSONL chats "
-                        "(messages, ShareGPT conversations, prompt/response, instruction/output, question/answer, "
-                        "text); a record none of these reads is counted unprobed and the scan exits 4")
-    p.add_argument("--corpus", nargs="+", required=True,
-                   help="text files, .jsonl files (their strings are scanned) or `hitoban corpus` folders")
-    p.add_argument("--out", help="JSON report")
-    p.add_argument("--engine", choices=["sampled-grams", "hyperscan", "ahocorasick-rs"],
-                   help="default: sampled-grams (NumPy) for probes of >= 23 bytes, else hyperscan when installed")
-    p.add_argument("--encoding", default="utf-8",
-                   help="the corpus text files' encoding (e.g. shift_jis, cp932); they are compared as text, so a "
-                        "file that does not decode is refused, never reported clean")
+    from hitoban.evaluation.options import LeaksOptions
+
+    add_options(p, LeaksOptions)
 
 
 @verb("leaks", "exact scan of corpora for held-out text (exit 1 when anything leaks)")(_leaks_args)
 def _leaks(args) -> int:
     import codecs
 
+    from hitoban.evaluation.options import LeaksOptions
+
+    args = from_args(LeaksOptions, args)
     from hitoban.evaluation.leaks import scan_for_leaks
 
     try:
@@ -128,27 +121,16 @@ def _leaks(args) -> int:
 
 
 def _pii_args(p):
-    p.add_argument("model", nargs="?", help="a from_pretrained folder to attack (omit with --canaries)")
-    p.add_argument("--corpus", nargs="+", required=True,
-                   help="the training corpus: text files or `hitoban corpus` folders (with --canaries: the small "
-                        "corpus to plant fake contacts into)")
-    p.add_argument("--samples", type=ranged(int, min=1), default=60,
-                   help="distinct contacts to try (3LM: 60); `hitoban upload` accepts a probe of >= 20 (fewer only "
-                        "when the corpus has no more)")
-    p.add_argument("--max-new-tokens", type=ranged(int, min=1), default=40,
-                   help="greedy tokens generated per attack (3LM: 40)")
-    p.add_argument("--canaries", type=ranged(int, min=1), metavar="N",
-                   help="sensitivity control: plant N fake contacts at --repetitions, train a tiny model on the "
-                        "planted copy and one on the clean copy, attack both")
-    p.add_argument("--repetitions", default="1,4,16,64", help="comma-separated repetition counts for --canaries")
-    p.add_argument("--steps", type=ranged(int, min=1), default=400, help="--canaries: training steps per tiny model")
-    p.add_argument("--seed", type=ranged(int, min=0), default=0,
-                   help="--canaries: seed for the fakes, their placement and models")
-    p.add_argument("--out", help="JSON report (masked values only); with --canaries a folder (default pii-canaries)")
+    from hitoban.evaluation.options import PiiOptions
+
+    add_options(p, PiiOptions)
 
 
 @verb("pii", "prefix-attack PII probe (exit 1 on an exact reproduction) and its canary control")(_pii_args)
 def _pii(args) -> int:
+    from hitoban.evaluation.options import PiiOptions
+
+    args = from_args(PiiOptions, args)
     from hitoban.evaluation import privacy as pii
 
     if args.canaries:

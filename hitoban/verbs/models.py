@@ -2,72 +2,91 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
 from hitoban.errors import ExitCode
-from hitoban.options import ranged
+from hitoban.evaluation.options import KVCACHE_ATOL, KvcacheOptions
+from hitoban.options import add_options, from_args
+from hitoban.training.import_options import ImportOptions
 from hitoban.verbs import print_json, verb
 
 
+def modeling_options():
+    """`hitoban.modeling.options` without running `hitoban.modeling`'s `__init__`, which registers the model with
+    transformers (every verb's parser would then import torch and transformers): the file is loaded as that module,
+    unless the package is already imported (then it is imported as usual). Either way one module object holds the
+    option dataclasses, so `export_gguf` and the command line share OUTTYPES."""
+    name = "hitoban.modeling.options"
+    if name in sys.modules or "hitoban.modeling" in sys.modules:
+        return importlib.import_module(name)
+    folder = importlib.util.find_spec("hitoban.modeling").submodule_search_locations[0]
+    spec = importlib.util.spec_from_file_location(name, Path(folder) / "options.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before running it: dataclasses resolve the module's annotations through it
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
 def _export_args(p):
-    p.add_argument("src", help="a hitoban from_pretrained folder")
-    p.add_argument("dst", help="new folder for the LlamaForCausalLM export")
+    add_options(p, modeling_options().ExportLlamaOptions)
 
 
 @verb("export-llama", "write a LlamaForCausalLM folder equal to a hitoban model (no remote code needed)")(_export_args)
 def _export(args) -> int:
+    options = from_args(modeling_options().ExportLlamaOptions, args)
     from hitoban.modeling.export_llama import export_llama
 
-    print_json(export_llama(args.src, args.dst))
+    print_json(export_llama(options.src, options.dst))
     return 0
 
 
 def _export_gguf_args(p):
-    p.add_argument("src", help="a hitoban from_pretrained folder (a run's final/, an sft or tone output)")
-    p.add_argument("out", help="the .gguf file to write (an Ollama Modelfile is written beside it)")
-    p.add_argument("--outtype", choices=("f32", "f16", "q8_0"), default="f32",  # export_gguf.OUTTYPES (no torch here)
-                   help="weight type: f32 (exact), f16, or q8_0 (8-bit, about a quarter of f32; norms stay f32)")
-    p.add_argument("--verify", action="store_true",
-                   help="run the file in llama.cpp (needs pip install 'hitoban[llama]'); exit 1 unless it tokenizes "
-                        "as transformers and gives the same greedy tokens (20 for f32, 10 f16, 5 q8_0). Default: off")
+    add_options(p, modeling_options().ExportGgufOptions)
 
 
 @verb("export-gguf", "write a GGUF file for llama.cpp / Ollama (Llama architecture, llama.cpp's unigram tokenizer)")(
     _export_gguf_args)
 def _export_gguf(args) -> int:
+    options = from_args(modeling_options().ExportGgufOptions, args)
     from hitoban.modeling.export_gguf import export_gguf
 
-    print_json(export_gguf(args.src, args.out, args.outtype, verify=args.verify))
+    print_json(export_gguf(options.src, options.out, options.outtype, verify=options.verify))
     return 0
 
 
 def _import_args(p):
-    p.add_argument("src", help="3LM-MLX folder (model.safetensors + config.json) or zxell .pt checkpoint")
-    p.add_argument("dst", help="new hitoban from_pretrained folder")
-    p.add_argument("--format", choices=["3lm", "zxell"], help="source format (detected from the files when omitted)")
+    add_options(p, ImportOptions)
 
 
 @verb("import", "convert a 3LM-MLX or zxell checkpoint into a hitoban folder")(_import_args)
 def _import(args) -> int:
+    options = from_args(ImportOptions, args)
     from hitoban.training.import_checkpoint import import_checkpoint
 
-    print_json(import_checkpoint(args.src, args.dst, args.format))
+    print_json(import_checkpoint(options.src, options.dst, options.format))
     return 0
 
 
 def _kvcache_args(p):
-    p.add_argument("--model", help="a from_pretrained folder (default: a random tiny model)")
-    p.add_argument("--steps", type=ranged(int, min=1), default=12, help="decoding steps compared")
-    p.add_argument("--atol", type=ranged(float, above=0), default=1e-5,
-                   help="largest allowed |cached - recomputed| logit")
-    p.add_argument("--break-rope-offset", action="store_true",
-                   help="negative control: feed new tokens at position 0; the check must then FAIL")
+    add_options(p, KvcacheOptions)
 
 
-@verb("check-kvcache", "cached decoding vs full recomputation (fp32, max |diff| <= 1e-5)")(_kvcache_args)
+@verb("check-kvcache", "cached decoding vs full recomputation (fp32, max |diff| <= "
+                       f"{KVCACHE_ATOL:g})".replace("e-0", "e-"))(_kvcache_args)
 def _kvcache(args) -> int:
+    options = from_args(KvcacheOptions, args)
     from hitoban.evaluation.kvcache import check_kvcache
 
-    result = check_kvcache(args.model, steps=args.steps, atol=args.atol, break_rope_offset=args.break_rope_offset)
+    result = check_kvcache(options.model, steps=options.steps, atol=options.atol,
+                           break_rope_offset=options.break_rope_offset)
     verdict = "PASS" if result["passed"] else "FAIL"
     print(f"kv-cache check {verdict}: max |diff| {result['max_abs_diff']:.3e}, mean {result['mean_abs_diff']:.3e} "
-          f"over {result['positions_checked']} positions (limit {args.atol:g})")
+          f"over {result['positions_checked']} positions (limit {options.atol:g})")
     return 0 if result["passed"] else int(ExitCode.CHECK_FAILED)

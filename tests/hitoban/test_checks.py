@@ -196,7 +196,7 @@ def test_the_memory_row_measures_a_step_and_fails_an_estimate_without_its_logits
     peak after a warm-up on CUDA) at a shape where the logits dominate. Negative control: the preflight's estimate
     with its logits term left out fails the same row."""
     from hitoban.device_check import _memory
-    from hitoban.training.pretrain import memory
+    from hitoban.training import memory
 
     passed, detail, peak = _memory(cpu=True)
     assert passed is True and peak > 0, detail

@@ -32,7 +32,7 @@ def test_validation_and_bits_per_char_make_no_float64_tensor(tiny_model_dir, tin
 
     from hitoban.evaluation.bpc import bits_per_char
     from hitoban.training.data.reader import ShardReader
-    from hitoban.training.pretrain.trainer import evaluate
+    from hitoban.training.night import evaluate
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)

@@ -29,6 +29,7 @@ from hitoban.errors import InputError, OutputExistsError
 from hitoban.files import check_fields, decode_error, read_json, read_text, require_file
 from hitoban.provenance import hitoban_version
 from hitoban.training.data.filters import DocumentFilter, FilterSettings, PIIMasker
+from hitoban.training.data.options import DECODE_ERRORS, ENCODING, HUB_SOURCE_NAMES, LOCAL_LICENSE, SEED, TEXT_FIELD
 
 # Pinned revisions (3LM's): a rebuilt corpus is the same corpus.
 HUB_SOURCES = {
@@ -39,6 +40,7 @@ HUB_SOURCES = {
                    text_field="text"),
 }
 DEFAULT_SHARES = {"aozora": 0.10}  # 3LM: Aozora 10%, FineWeb-2 the rest
+assert tuple(HUB_SOURCES) == HUB_SOURCE_NAMES, "corpus --source offers options.HUB_SOURCE_NAMES"
 
 
 def builtin_documents() -> list[str]:
@@ -63,11 +65,11 @@ class Source:
     repo: str | None = None
     revision: str | None = None
     paths: list[Path] = field(default_factory=list)
-    text_field: str = "text"
+    text_field: str = TEXT_FIELD
     doc_per_file: bool = False
     blank_line_docs: bool = False
-    encoding: str = "utf-8"
-    errors: str = "strict"
+    encoding: str = ENCODING
+    errors: str = DECODE_ERRORS[0]
     config: str | None = None
     data_files: str | None = None
 
@@ -158,7 +160,7 @@ class Source:
             yield row[self.text_field]
 
 
-def local_source(inputs: list[str], name: str | None = None, license: str = "unknown (local files)",
+def local_source(inputs: list[str], name: str | None = None, license: str = LOCAL_LICENSE,
                  **options) -> Source:
     """Expand files, globs and directories (a directory = its .txt/.jsonl/.parquet files; .txt there = one doc each)."""
     paths: list[Path] = []
@@ -210,7 +212,7 @@ def build_corpus(
     shares: dict[str, float] | None = None,
     settings: FilterSettings | None = None,
     mask_pii: bool = True,
-    seed: int = 1234,
+    seed: int = SEED,
     progress: bool = True,
 ) -> dict:
     """Stream every source through the filters and the PII masker into `out`; returns the manifest."""
@@ -227,57 +229,26 @@ def build_corpus(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
     try:
-        digest, per_source, seen_total = hashlib.sha256(), [], 0
-        with open(tmp / "documents.jsonl", "w", encoding="utf-8") as writer, \
-                open(tmp / PII_LOG, "w", encoding="utf-8") as pii_log:
-            bar = tqdm(total=target_chars, unit="char", unit_scale=True, desc="corpus", disable=not progress or None)
-            for source in sources:
-                docs = chars = seen = 0
-                for raw in source.documents():
-                    seen += 1
-                    text = doc_filter.apply(raw)
-                    if text is None:
-                        continue
-                    if mask_pii:
-                        text = masker.mask(text)
-                        for sealed in masker.log:
-                            pii_log.write(json.dumps(sealed, ensure_ascii=False) + "\n")
-                        masker.log.clear()
-                    line = json.dumps({"text": text, "source": source.name}, ensure_ascii=False) + "\n"
-                    writer.write(line)
-                    digest.update(line.encode("utf-8"))
-                    docs, chars = docs + 1, chars + len(text)
-                    bar.update(len(text))
-                    if chars >= targets[source.name]:
-                        break
-                seen_total += seen
-                per_source.append({**source.describe(), "documents_seen": seen, "documents": docs, "chars": chars})
-            bar.close()
+        per_source, seen_total, sha256 = _write_documents(
+            tmp, sources, targets, doc_filter, masker if mask_pii else None, target_chars, progress)
         if not mask_pii:
             (tmp / PII_LOG).unlink()
+        _refuse_empty(per_source, seen_total, doc_filter, settings)
         total_chars = sum(s["chars"] for s in per_source)
-        total_docs = sum(s["documents"] for s in per_source)
-        if seen_total == 0:
-            raise CorpusInputError("the input is empty: no documents were read")
-        if total_docs == 0:
-            raise CorpusInputError(
-                f"every document was rejected ({dict(doc_filter.rejected)}); check the input language and "
-                f"lengths (min {settings.min_chars} chars, Japanese ratio >= {settings.min_japanese_ratio})"
-            )
         for s in per_source:
             s["share"] = round(s["chars"] / total_chars, 4)
         manifest = {
             "tool": f"hitoban {hitoban_version()}",
             "target_chars": target_chars,
             "total_chars": total_chars,
-            "total_documents": total_docs,
+            "total_documents": sum(s["documents"] for s in per_source),
             "seed": seed,
             "sources": per_source,
             "filters": {**settings.to_dict(), "rejected": dict(doc_filter.rejected),
                         "truncated": doc_filter.truncated},
             "pii_masks": {"enabled": mask_pii, **dict(masker.counts),
                           "log": PII_LOG if mask_pii else None},
-            "output": {"name": "documents.jsonl", "sha256": digest.hexdigest(),
+            "output": {"name": "documents.jsonl", "sha256": sha256,
                        "bytes": (tmp / "documents.jsonl").stat().st_size},
             "elapsed_seconds": round(time.time() - started, 2),
         }
@@ -286,6 +257,61 @@ def build_corpus(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest
+
+
+def _write_documents(tmp: Path, sources: list[Source], targets: dict[str, float], doc_filter: DocumentFilter,
+                     masker: PIIMasker | None, target_chars: int | None,
+                     progress: bool) -> tuple[list[dict], int, str]:
+    """Stream each source, in order, through the filters (and `masker`, unless PII masking is off) into
+    `tmp/documents.jsonl` until the source's share of characters is reached; the sha256 is taken while writing so
+    the finished file is never read again. Returns each source's counts, the documents read, and the sha256."""
+    digest, per_source, seen_total = hashlib.sha256(), [], 0
+    with open(tmp / "documents.jsonl", "w", encoding="utf-8") as writer, \
+            open(tmp / PII_LOG, "w", encoding="utf-8") as pii_log:
+        bar = tqdm(total=target_chars, unit="char", unit_scale=True, desc="corpus", disable=not progress or None)
+        for source in sources:
+            docs = chars = seen = 0
+            for raw in source.documents():
+                seen += 1
+                text = doc_filter.apply(raw)
+                if text is None:
+                    continue
+                if masker is not None:
+                    text = _mask(text, masker, pii_log)
+                line = json.dumps({"text": text, "source": source.name}, ensure_ascii=False) + "\n"
+                writer.write(line)
+                digest.update(line.encode("utf-8"))
+                docs, chars = docs + 1, chars + len(text)
+                bar.update(len(text))
+                if chars >= targets[source.name]:
+                    break
+            seen_total += seen
+            per_source.append({**source.describe(), "documents_seen": seen, "documents": docs, "chars": chars})
+        bar.close()
+    return per_source, seen_total, digest.hexdigest()
+
+
+def _mask(text: str, masker: PIIMasker, pii_log) -> str:
+    """Mask one document's contacts and log each masked value as it is found, so the log never holds more than
+    one document's values in memory and follows the documents' order."""
+    text = masker.mask(text)
+    for sealed in masker.log:
+        pii_log.write(json.dumps(sealed, ensure_ascii=False) + "\n")
+    masker.log.clear()
+    return text
+
+
+def _refuse_empty(per_source: list[dict], seen_total: int, doc_filter: DocumentFilter,
+                  settings: FilterSettings) -> None:
+    """A corpus with no document must not be written: say whether the input itself was empty or every document was
+    rejected (with the rejection counts and the thresholds, which are what the user can change)."""
+    if seen_total == 0:
+        raise CorpusInputError("the input is empty: no documents were read")
+    if sum(s["documents"] for s in per_source) == 0:
+        raise CorpusInputError(
+            f"every document was rejected ({dict(doc_filter.rejected)}); check the input language and "
+            f"lengths (min {settings.min_chars} chars, Japanese ratio >= {settings.min_japanese_ratio})"
+        )
 
 
 MANIFEST_FIELDS = {"total_chars": int, "total_documents": int, "sources": list, "output": dict}

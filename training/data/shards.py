@@ -36,6 +36,7 @@ from hitoban.files import check_fields, read_json
 from hitoban.provenance import sha256_file
 from hitoban.training.data.corpus import iter_corpus, load_manifest
 from hitoban.training.data.markers import SPECIAL_TOKENS
+from hitoban.training.data.options import CONTEXT, DTYPES, MAX_HELDOUT_DOCS, SEED, SHARD_TOKENS, VAL_EVERY
 
 FORMAT = "hitoban-shards/1 (zxell layout)"
 # kept beside the loader's TOKENIZER_FILES; building imports those (and transformers), --verify needs neither
@@ -191,11 +192,11 @@ def build_shards(
     corpus: str | os.PathLike,
     tokenizer: str | os.PathLike,
     out: str | os.PathLike,
-    shard_tokens: int = 50_000_000,
-    seed: int = 1234,
-    val_every: int = 400,
-    max_heldout_docs: int = 2000,
-    context: int = 512,
+    shard_tokens: int = SHARD_TOKENS,
+    seed: int = SEED,
+    val_every: int = VAL_EVERY,
+    max_heldout_docs: int = MAX_HELDOUT_DOCS,
+    context: int = CONTEXT,
     dtype: str | None = None,
     batch_docs: int = 1000,
     progress: bool = True,
@@ -282,7 +283,7 @@ def load_index(folder: str | os.PathLike) -> dict:
             _check_shard_entry(shard, index)
     except InputError as err:
         raise ShardError(str(err)) from None
-    if index["dtype"] not in ("uint16", "uint32"):
+    if index["dtype"] not in DTYPES:
         raise ShardError(f"{path.name}: dtype {index['dtype']!r} is neither uint16 nor uint32; the index is damaged")
     return index
 

@@ -1,9 +1,9 @@
 """Tokenizer: train a Unigram model with SentencePiece, run it with `tokenizers` (docs/design.md §3).
 
-Why two libraries: SentencePiece's unigram trainer is ~6x faster and needs ~5x less memory than `tokenizers`'
-UnigramTrainer (11.2M chars: 82 s / 0.5 GB vs 501 s / 2.4 GB on 2 cores), while `tokenizers` is what
-transformers, the Hub and every downstream user run. The trained pieces and scores are copied into a
-`tokenizers.models.Unigram(byte_fallback=True)`; a test keeps the ids identical to SentencePiece's.
+Why two libraries: SentencePiece's unigram trainer is several times faster and leaner than `tokenizers`'
+UnigramTrainer (the measurement: docs/design.md §3), while `tokenizers` is what transformers, the Hub and every
+downstream user run. The trained pieces and scores are copied into a `tokenizers.models.Unigram(byte_fallback=True)`;
+a test keeps the ids identical to SentencePiece's.
 
 Settings (3LM): identity normalisation (full-width ？！ stay full-width), no dummy prefix, no whitespace split,
 byte fallback (no <unk> ever for real text), special tokens <|unk|>=0 <|user|>=1 <|assistant|>=2 <|end|>=3,
@@ -25,6 +25,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from hitoban.errors import InputError, OutputExistsError
 from hitoban.training.data.markers import ASSISTANT, END, MARKERS, SPECIAL_TOKENS, UNK, USER  # noqa: F401  (re-exported)
+from hitoban.training.data.options import CONTEXT, MIN_VOCAB, SAMPLE_CHARS, SEED, VOCAB_SIZE
 
 # `<|user|>Q<|assistant|>A<|end|>` per turn, exactly 3LM's line format. `{% generation %}` marks what the model is
 # trained on (assistant content and the closing <|end|>, so it learns to stop); see `return_assistant_tokens_mask`.
@@ -74,7 +75,7 @@ def sentence_pieces(text: str, min_bytes: int = 200, max_bytes: int = 6000, cut_
 def write_training_sample(
     documents: Iterable[tuple[str, str]],
     path: str | os.PathLike,
-    max_chars: int = 300_000_000,
+    max_chars: int = SAMPLE_CHARS,
     source_caps: dict[str, int] | None = None,
 ) -> dict:
     """Write sentence-split lines from (source, text) pairs to `path`, within a total and per-source char budget.
@@ -103,7 +104,7 @@ def write_training_sample(
 
 
 def train_sentencepiece(
-    sample_path: str | os.PathLike, vocab_size: int, seed: int = 1234, hard_vocab_limit: bool = True
+    sample_path: str | os.PathLike, vocab_size: int, seed: int = SEED, hard_vocab_limit: bool = True
 ) -> bytes:
     """Train SentencePiece unigram (3LM settings) on a line file; returns the serialized model.
 
@@ -151,8 +152,8 @@ def train_sentencepiece(
             ) from err
         if "smaller than required_chars" in str(err):
             raise InputError(
-                f"a vocabulary of {vocab_size} cannot hold every character of the sample plus the 260 special and "
-                f"byte pieces ({str(err).split('required_chars. ')[-1].split('.')[0]}); use a larger --vocab-size"
+                f"a vocabulary of {vocab_size} cannot hold every character of the sample plus the {MIN_VOCAB} special "
+                f"and byte pieces ({str(err).split('required_chars. ')[-1].split('.')[0]}); use a larger --vocab-size"
             ) from err
         raise
     return model.getvalue()
@@ -173,7 +174,7 @@ def tokenizers_from_sentencepiece(model_proto: bytes) -> Tokenizer:
     return tok
 
 
-def wrap_for_transformers(tok: Tokenizer, model_max_length: int = 512) -> PreTrainedTokenizerFast:
+def wrap_for_transformers(tok: Tokenizer, model_max_length: int = CONTEXT) -> PreTrainedTokenizerFast:
     """The transformers face of the tokenizer: special tokens, chat template, left padding for batched generate."""
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -191,11 +192,11 @@ def wrap_for_transformers(tok: Tokenizer, model_max_length: int = 512) -> PreTra
 def train_tokenizer_from_texts(
     texts: Iterable[str] | Iterable[tuple[str, str]],
     out_dir: str | os.PathLike,
-    vocab_size: int = 32000,
-    seed: int = 1234,
-    max_chars: int = 300_000_000,
+    vocab_size: int = VOCAB_SIZE,
+    seed: int = SEED,
+    max_chars: int = SAMPLE_CHARS,
     source_caps: dict[str, int] | None = None,
-    model_max_length: int = 512,
+    model_max_length: int = CONTEXT,
     hard_vocab_limit: bool = True,
 ) -> dict:
     """Sample -> SentencePiece -> tokenizers -> `out_dir` (a folder `AutoTokenizer.from_pretrained` loads).
@@ -254,11 +255,11 @@ def chars_per_token(tok: PreTrainedTokenizerFast, texts: Iterable[str]) -> float
 def train_tokenizer_from_corpus(
     corpus: str | os.PathLike,
     out_dir: str | os.PathLike,
-    vocab_size: int = 32000,
-    max_chars: int = 300_000_000,
+    vocab_size: int = VOCAB_SIZE,
+    max_chars: int = SAMPLE_CHARS,
     source_caps: dict[str, int] | None = None,
-    seed: int = 1234,
-    model_max_length: int = 512,
+    seed: int = SEED,
+    model_max_length: int = CONTEXT,
     heldout_every: int = 50,
     hard_vocab_limit: bool = True,
 ) -> dict:

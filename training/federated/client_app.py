@@ -14,12 +14,12 @@ that reason.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from hitoban.training import faults
 from hitoban.training.federated.downlink import UPDATE, WEIGHTS, apply_update, decode_scales, weights_digest
 from hitoban.training.federated.inner import DONE_FILE, REFUSED_FILE, DoesNotFit, Machine, ShardMismatch, finite
 from hitoban.training.federated.keys import reply_payload, sign
@@ -33,8 +33,6 @@ from hitoban.training.federated.outer import (
     TASK,
     WEIGHT,
 )
-
-PLANT_NAN_ENV = "HITOBAN_TEST_FEDERATED_NAN_DELTA"  # negative control: this machine sends a NaN delta on purpose
 
 app = ClientApp()
 _machines: dict[tuple, Machine] = {}
@@ -83,7 +81,7 @@ def train_reply(machine: Machine, msg: Message) -> Message:
     except DoesNotFit as err:
         print(f"hitoban: {err}", flush=True)
         return Message(Error(code=ERROR_MEMORY, reason=f"DoesNotFit: {err}"), reply_to=msg)
-    if os.environ.get(PLANT_NAN_ENV):
+    if faults.active().federated_nan_delta:  # negative control: this machine sends a NaN delta on purpose
         first = next(iter(result.delta))
         result.delta[first] = result.delta[first].clone()
         result.delta[first].view(-1)[0] = float("nan")

@@ -26,14 +26,18 @@ from safetensors.torch import load_file, save_file
 
 from hitoban.errors import InputError, ResourceError
 from hitoban.provenance import replacing
+from hitoban.training import faults, night
 from hitoban.training.data.reader import ShardReader
 from hitoban.training.data.shards import load_index, sha256_file
+from hitoban.training.device import machine_fields, set_up
 from hitoban.training.federated.tasks import schedule_step
-from hitoban.training.pretrain.options import TrainingOptions
+from hitoban.training.memory import estimate_memory_bytes, fits, memory_limit
+from hitoban.training.optim import load_optimizer_tensors, optimizer_tensors
+from hitoban.training.pretrain.options import TrainingOptions, shaped_config
+from hitoban.training.step import reset_accelerate_state
 
-MACHINE_ONLY = ("data", "cpu", "precision", "compile", "memory_cap_gb", "skip_memory_check", "grad_accum")
+MACHINE_ONLY = ("data", *machine_fields(TrainingOptions))  # each machine's own (`machine=True` on the field)
 DONE_FILE, REFUSED_FILE = "DONE", "REFUSED"  # in a machine's state folder: the server's word, read by join
-PAUSE_PER_STEP_ENV = "HITOBAN_TEST_FEDERATED_STEP_PAUSE"  # tests: seconds to sleep per inner step (a slow machine)
 
 
 class ShardMismatch(InputError):
@@ -105,19 +109,11 @@ class Machine:
     def train(self, weights: dict[str, torch.Tensor], task: dict) -> TaskResult:
         """Train windows [start, end) of the run's order from `weights`; return the delta and what it cost. A task
         this machine cannot hold is refused (DoesNotFit) before anything is built."""
-        from hitoban.modeling.loading import device_for
-        from hitoban.training.hardware import check_precision, device_facts, plan_device
-        from hitoban.training.pretrain.options import shaped_config
-        from hitoban.training.step import make_accelerator, reset_accelerate_state
-
         check_shards(self.digests, json.loads(task["shards"]))
         options = TrainingOptions(data=str(self.data), **json.loads(task["options"]))
-        facts = device_facts(device_for(self.cpu))
-        plan = plan_device(facts)
-        precision = plan.precision if self.precision_option == "auto" else self.precision_option
-        check_precision(facts, precision)
         reset_accelerate_state(cpu=self.cpu)
-        accelerator = make_accelerator(self.cpu, precision)
+        device = set_up(self.cpu, self.precision_option)
+        precision, plan, accelerator = device.precision, device.plan, device.accelerator
         config, context = shaped_config(options.preset, self.reader.vocab_size, options.context,
                                         dropout=options.dropout)
         try:
@@ -138,8 +134,6 @@ class Machine:
     def preflight(self, config, batch: int, context: int, precision: str, device: torch.device) -> None:
         """Refuse a task whose step (the night's estimate for the micro-batch this machine trains) needs more than
         90% of the memory free here, or of --memory-cap-gb: accepted, it would die with out-of-memory every time."""
-        from hitoban.training.pretrain.budget import estimate_memory_bytes, fits, memory_limit
-
         have, what = memory_limit(device, self.memory_cap_gb)
         micro = batch // math.gcd(batch, self.grad_accum)
         need = estimate_memory_bytes(config, micro, context, precision)
@@ -155,26 +149,15 @@ class Machine:
                          f"{advice}")
 
     def _train(self, weights, task, options, config, context, plan, accelerator) -> TaskResult:
-        from hitoban.modeling import HitobanForCausalLM
-        from hitoban.training.pretrain.optim import build_optimizer
-        from hitoban.training.pretrain.resume import place_step_counters
-        from hitoban.training.pretrain.trainer import step_seed
-        from hitoban.training.schedule import Schedule
-        from hitoban.training.step import train_step
-
-        model = HitobanForCausalLM(config)
+        schedule = options.schedule_for(options.lr, int(task["schedule-steps"]))
+        model, optimizer = night.new_model_and_optimizer(config, options, schedule, plan.muon_dtype)
         missing, unexpected = model.load_state_dict(weights, strict=False)
         if unexpected or [k for k in missing if k != "lm_head.weight"]:
             raise InputError(f"the server's weights do not fit the model (missing {missing}, unexpected {unexpected})")
-        schedule = Schedule(options.lr, int(task["schedule-steps"]), options.schedule, options.warmup_frac,
-                            options.min_lr_ratio, options.decay_frac)
-        optimizer = build_optimizer(model, options.optimizer, schedule.lr(0), options.weight_decay,
-                                    options.adam_bias_correction, plan.muon_dtype)
         self._load_inner_state(model, optimizer, task["run-id"], accelerator.scaler)
-        model, optimizer = accelerator.prepare(model, optimizer)
-        place_step_counters(optimizer)
+        model, optimizer = night.prepare(accelerator, model, optimizer)
         start, end, batch = int(task["start"]), int(task["end"]), options.batch_size
-        pause = float(os.environ.get(PAUSE_PER_STEP_ENV, 0))
+        pause = faults.active().federated_step_pause  # tests: a slow machine
         task_steps = math.ceil((end - start) / batch)
         losses, began = [], time.perf_counter()
         for k, first in enumerate(range(start, end, batch)):
@@ -182,11 +165,9 @@ class Machine:
                                     int(task["global-batch"]), context)
             lr_step = schedule_step(int(task["round-start"]), int(task["round-windows"]), k, task_steps,
                                     int(task["budget-windows"]), schedule.total_steps)
-            for group in optimizer.param_groups:
-                group["lr"] = schedule.lr(lr_step)
-            torch.manual_seed(step_seed(options.seed, first // batch, 0))  # dropout: keyed to the rows
-            loss, _ = train_step(model, optimizer, accelerator, rows, math.gcd(len(rows), self.grad_accum),
-                                 options.grad_clip)
+            loss, _ = night.update(model, optimizer, accelerator, rows, schedule.lr(lr_step),
+                                   night.step_seed(options.seed, first // batch, 0),  # dropout: keyed to the rows
+                                   math.gcd(len(rows), self.grad_accum), options.grad_clip)
             losses.append(loss)
             time.sleep(pause)
         mean_loss = float(torch.stack(losses).mean()) if losses else float("nan")  # one host sync, at the end
@@ -230,16 +211,12 @@ class Machine:
     def _load_inner_state(self, model, optimizer, run_id: str, scaler=None) -> None:
         """The machine's inner optimizer state and, under fp16, its gradient scaler: a scale found over earlier
         tasks carries on instead of restarting at 65,536 (and skipping its overflow steps again) every task."""
-        from hitoban.training.pretrain.checkpoint import load_optimizer_tensors
-
         path = self._inner_path()
         if path.exists() and (self.state / "inner-run-id").read_text().strip() == run_id:
             load_optimizer_tensors(model, optimizer, load_file(str(path)), scaler)
 
     def _save_inner_state(self, model, optimizer, run_id: str, scaler=None) -> None:
         """Atomic: a kill mid-save keeps the previous state, never half of one."""
-        from hitoban.training.pretrain.checkpoint import optimizer_tensors
-
         self.state.mkdir(parents=True, exist_ok=True)
         with replacing(self._inner_path()) as tmp:
             save_file({k: v.detach().cpu().contiguous() for k, v in optimizer_tensors(model, optimizer,

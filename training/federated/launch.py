@@ -28,6 +28,7 @@ import urllib.request
 from pathlib import Path
 
 from hitoban.errors import CheckFailed, HitobanError, ResourceError, UsageError
+from hitoban.run_folder import RunFolder
 from hitoban.training.federated.options import JoinOptions, ServeOptions
 
 BIN = Path(sys.executable).parent  # flower-superlink, flower-supernode and flwr live beside this Python
@@ -282,7 +283,11 @@ def serve(options: ServeOptions, show=print) -> dict:
         raise
     finally:
         flower.close()
-    return json.loads((run / "summary.json").read_text())
+    summary = RunFolder(run).summary()
+    if summary is None:
+        raise FlowerFailed(f"the federated run finished without writing {run / 'summary.json'}\n"
+                           f"{tail(run / 'server.log')}")
+    return summary
 
 
 # ------------------------------------------------------------------------------------------------------- join

@@ -4,7 +4,8 @@ DiLoCo's outer step, rounds and leases, the network), a machine's, and the key m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import ClassVar
 
 from hitoban.options import Checked, check_ranges, option, parse_count, same_as
 from hitoban.training.pretrain.options import PretrainConfig, TrainingOptions
@@ -16,6 +17,10 @@ DEFAULT_PORT = 9093  # the SuperLink's one HTTP port (Fleet, Control and the Ser
 class ServeOptions(TrainingOptions):
     """`hitoban federate serve`: one model trained by several machines with DiLoCo; the night's trajectory options
     are the inner steps' (every machine trains with them; precision and compile are each machine's own)."""
+
+    # each machine's own (`machine=True`: precision, compile, cpu, memory cap and check, grad-accum): `hitoban
+    # federate join` offers them and the server never reads them, so `serve --help` does not show them
+    not_offered: ClassVar[tuple[str, ...]] = tuple(f.name for f in fields(TrainingOptions) if f.metadata.get("machine"))
 
     out: str = option(help="run folder: the server's A/B checkpoints, final/, log.jsonl, heartbeat.json, summary.json")
     tokens: int = option(help="token budget: every token trained exactly once in the final model", parse=parse_count,

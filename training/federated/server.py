@@ -28,7 +28,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.constant import ErrorCode
 
 from hitoban.errors import ResourceError, UsageError
-from hitoban.provenance import read_lineage, write_json
+from hitoban.provenance import read_lineage
+from hitoban.run_folder import FEDERATED_HEARTBEAT, SUMMARY_SCHEMA, RunFolder
 from hitoban.training.data.reader import ShardReader
 from hitoban.training.data.shards import load_index, sha256_file
 from hitoban.training.federated.downlink import (
@@ -130,6 +131,7 @@ class Server:
 
     def __init__(self, run: str | Path, log=print):
         self.run, self.log = Path(run), log
+        self.folder = RunFolder(self.run)  # config.json, log.jsonl, heartbeat.json, summary.json
         self.options = options = read_options(self.run)
         data = Path(options.data)
         index = load_index(data)
@@ -196,15 +198,15 @@ class Server:
         return True
 
     def _announce(self) -> None:
-        """RUN/config.json, as the night writes it (the card reads its recipe there), plus the federated part."""
-        options, fp = self.options, self.fingerprint
-        write_json(self.run / "config.json", {
-            "kind": "pretrain-run", "schema": 1, "run_id": self.state.run_id, "model": fp["model_config"],
-            "args": {k: v for k, v in dataclasses.asdict(options).items() if k not in ("data", "out")},
-            "data_index_sha256": fp["data_index_sha256"], "tokenizer_sha256": fp["tokenizer_sha256"],
-            "total_steps": self.schedule_steps, "tokens_per_step": self.global_batch * self.context,
-            "hardware": "federated (each machine's own device plan)", "fingerprint": fp,
-            "federated": {k: getattr(options, k) for k in FEDERATED_KEYS + ("lease_minutes", "min_machines")}})
+        """RUN/config.json, as the night writes it (the card reads its recipe there): the server's options as given
+        (the federated ones among them) and what they resolved to."""
+        self.folder.write_config(
+            "federated-run",
+            given={k: v for k, v in dataclasses.asdict(self.options).items() if k not in ("data", "out")},
+            resolved={"context": self.context, "total_steps": self.schedule_steps, "global_batch": self.global_batch,
+                      "tokens_per_step": self.global_batch * self.context},
+            run_id=self.state.run_id, fingerprint=self.fingerprint,
+            hardware="federated (each machine's own device plan)")
 
     # ------------------------------------------------------------------------------------------------ the rounds
     def serve(self, grid) -> dict:
@@ -256,8 +258,9 @@ class Server:
             records[WEIGHTS] = (WEIGHTS, ArrayRecord(current), {})
         return {node: records[UPDATE if sends_update[node] else WEIGHTS] for node in nodes}
 
-    def _round_the_step(self, before: dict, round_: int) -> None:
-        """The global model becomes `before + decode(fp16 update)`: the weights every machine will rebuild."""
+    def _apply_fp16_update(self, before: dict, round_: int) -> None:
+        """Encode the outer step (the global model minus `before`) as the fp16 update the machines are sent, and make
+        the global model `before + decode(update)`: the weights every machine will rebuild from it."""
         tensors = shared_tensors(self.model)
         update, scales = encode_update(tensors, before)
         rounded = apply_update(before, update, scales)
@@ -411,7 +414,7 @@ class Server:
             restore(self.model, self.strategy.optimizer, before)
             if replies:
                 self.strategy.aggregate_train(round_, replies)
-            self._round_the_step(current, round_)
+            self._apply_fp16_update(current, round_)
             return model_is_finite(self.model)
 
         if step(list(checked.values())):
@@ -463,15 +466,13 @@ class Server:
 
     # -------------------------------------------------------------------------------------- records and the end
     def _record(self, record: dict) -> None:
-        self.run.mkdir(parents=True, exist_ok=True)
-        with open(self.run / "log.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps({**record, "time": round(time.time(), 1)}, ensure_ascii=False) + "\n")
+        self.folder.log({**record, "time": round(time.time(), 1)})
 
     def _heartbeat(self, round_seconds: float, record: dict, finished: bool = False) -> None:
         queue, left = self.queue, self.queue.budget_windows - self.queue.completed_windows
         rate = record["tokens"] / max(round_seconds, 1e-9) if record.get("tokens") else None
-        write_json(self.run / "heartbeat.json", {
-            "kind": "federated-heartbeat", "schema": 1, "round": self.state.step, "tokens_seen": self.state.tokens_seen,
+        self.folder.heartbeat({
+            "kind": FEDERATED_HEARTBEAT, "schema": 1, "round": self.state.step, "tokens_seen": self.state.tokens_seen,
             "token_budget": queue.budget_windows * self.context, "machines": {
                 m.get("name", node): {"tok_s": round(m["tok_s"] or 0, 1), **queue.per_node.get(m.get("name"), {})}
                 for node, m in self.machines.items()},
@@ -485,7 +486,7 @@ class Server:
     def _evaluate(self) -> None:
         if self.val is None:
             return
-        from hitoban.training.pretrain.trainer import evaluate
+        from hitoban.training.night import evaluate
 
         domains = getattr(self, "_domains", None)
         if domains is None:
@@ -533,7 +534,8 @@ class Server:
     def _summarise(self, started: float) -> dict:
         queue = self.queue
         final = read_lineage(self.run / "final")
-        summary = {"kind": "federated-summary", "schema": 1, "run_id": self.state.run_id, "rounds": self.state.step,
+        summary = {"kind": "federated-summary", "schema": SUMMARY_SCHEMA, "run_id": self.state.run_id,
+                   "rounds": self.state.step,
                    "tokens_seen": self.state.tokens_seen, "token_budget": queue.budget_windows * self.context,
                    "windows": queue.budget_windows, "context": self.context, "best_val": self.state.best_val,
                    "resumes": self.state.resumes, "stop_reason": "budget",
@@ -544,7 +546,7 @@ class Server:
                    "session_seconds": round(time.time() - started, 1),
                    "elapsed_hours": round(self.state.elapsed_sec / 3600, 4),
                    "final_weights_sha256": final.get("weights_sha256"), "final_step": final.get("step")}
-        write_json(self.run / "summary.json", summary)
+        self.folder.write_summary(summary["kind"], summary)
         self._heartbeat(1.0, {"tokens": 0, "train_loss": None}, finished=True)
         self.log(f"federate: finished after {self.state.step} rounds, {self.state.tokens_seen:,} tokens; "
                  f"final/ in {self.run}")

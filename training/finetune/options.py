@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hitoban.options import Checked, option
+from hitoban.options import Checked, option, same_as
 from hitoban.training.data.chat import ChatFilterSettings
+from hitoban.training.device import DeviceOptions
 from hitoban.training.finetune.lora import LoraSettings
 from hitoban.training.trackers import REPORT_TO_HELP, parse_report_to
 
@@ -51,7 +52,11 @@ class FinetuneOptions(Checked):
     lora_targets: str = option(",".join(_LORA.targets), "--lora: module names (hitoban fuses q/k/v into qkv_proj, "
                                                         "gate/up into gate_up_proj)")
     merge: bool = option(False, "--lora: write the merged model to --out and the adapter to --out/adapter")
-    cpu: bool = option(False, "train on the CPU even where a GPU or Mac is present")
+    cpu: bool = same_as(DeviceOptions, "cpu")
+    precision: str = same_as(DeviceOptions, "precision", help="auto: on CUDA the device plan's (bf16 on 8.0+, fp16 "
+                             "with the Trainer's scaler on 7.x), fp32 on a CPU or Mac (fine-tuning was measured only "
+                             "in fp32 there); bf16 / fp16 / no: that precision, refused where the hardware cannot "
+                             "run it")
     report_to: str = option("none", REPORT_TO_HELP.replace("log.jsonl", "the Trainer's logs") + "; passed to the "
                             "Trainer as report_to, TensorBoard's events in --out/tensorboard", metavar="TRACKER,...")
 

@@ -19,12 +19,12 @@ import torch
 from transformers import DataCollatorForSeq2Seq
 
 from hitoban.errors import InputError, OutputExistsError, UsageError
-from hitoban.modeling.loading import check_model_folder, device_for
+from hitoban.modeling.loading import check_model_folder
 from hitoban.provenance import sha256_file, weights_sha256, write_json, write_lineage
 from hitoban.training.data.chat import ChatFilter, read_conversations, read_holdout_pairs
+from hitoban.training.device import hf_trainer_precision
 from hitoban.training.finetune.lora import save_adapter_and_merged, with_adapter
 from hitoban.training.finetune.options import FinetuneOptions
-from hitoban.training.hardware import plan_for
 from hitoban.training.trackers import PROJECT, check_available, parse_report_to
 
 CHECK_CONVERSATIONS = [
@@ -162,16 +162,6 @@ def last_checkpoint(folder: Path) -> str | None:
     return get_last_checkpoint(str(folder)) if folder.is_dir() else None
 
 
-def device_arguments(cpu: bool) -> dict:
-    """The Trainer's device and precision from the one device plan (`hardware.plan_for`): the CPU with `--cpu` even
-    where a GPU or a Mac is present; bf16 only where the GPU multiplies it natively, fp16 (with the Trainer's
-    scaler) on a T4 or V100, fp32 before those and on MPS and CPUs (is_bf16_supported() also says yes to
-    emulation)."""
-    device = device_for(cpu)
-    precision = plan_for(device).precision if device.type == "cuda" else "no"
-    return {"use_cpu": device.type == "cpu", "bf16": precision == "bf16", "fp16": precision == "fp16"}
-
-
 class CheckedCollator(DataCollatorForSeq2Seq):
     """Pads input_ids/attention_mask with pad and labels with -100; refuses degenerate batches."""
 
@@ -192,32 +182,16 @@ def finetune(options: FinetuneOptions, *, save_total_limit: int = 2, resume: boo
     `hitoban sft`, `ToneOptions` for `hitoban tone`); writes `out` + `out/summary.json`. With `--lora`, only a PEFT
     adapter trains and `out` is the adapter folder (with `--merge`: the merged model, the adapter in
     `out/adapter`)."""
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
-    from transformers.integrations import TensorBoardCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import hitoban.modeling  # noqa: F401  (registers the Auto classes)
 
     started = time.time()
-    o, stage, lora = options, options.stage, options.lora_settings()
-    if o.merge and lora is None:
-        raise UsageError("--merge merges a LoRA adapter: add --lora")
-    report_to = parse_report_to(o.report_to)
-    check_available(report_to)  # before anything is read or written (the Trainer would fail only once built)
-    base, out, data = Path(o.base), Path(o.out), [Path(path) for path in o.data]
-    if not (base / "tokenizer.json").exists() or not (base / "chat_template.jinja").exists():
-        raise MaskError(f"{base}: the base folder needs its tokenizer and chat template (tokenizer.json, "
-                        "chat_template.jinja); fine-tuning never retrains the tokenizer")
-    check_model_folder(base, chat_template=True)  # the one model-folder check, before transformers reads it
+    o, lora = options, options.lora_settings()
+    report_to = check_request(o, lora)
+    base, out = Path(o.base), Path(o.out)
     tok = AutoTokenizer.from_pretrained(base)
-    conversations, read_info = read_conversations(data, o.skip_bad)
-    holdout = [pair for path in o.exclude for pair in read_holdout_pairs(path)]
-    chat_filter = ChatFilter(o.filters(), holdout)
-    kept = chat_filter.apply(conversations)
-    log(f"{stage}: {len(conversations)} conversations read ({read_info['bad_lines']} bad lines skipped), "
-        f"{len(kept)} kept; rejected {dict(chat_filter.rejected)}")
-    if len(kept) < 2:
-        raise MaskError(f"only {len(kept)} conversations survive the filters; nothing to train on")
+    read_info, chat_filter, kept = read_and_filter(o, log)
     record = fine_tune_record(o)
     claim_once(o, record)  # before anything is written there
     model = AutoModelForCausalLM.from_pretrained(base)
@@ -225,34 +199,9 @@ def finetune(options: FinetuneOptions, *, save_total_limit: int = 2, resume: boo
     if lora is not None:
         model = with_adapter(model, lora)
     examples = [build_example(tok, m, max_length) for m in kept]
-    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(o.seed)).tolist()
-    n_val = max(1, int(len(examples) * o.val_frac))
-    val = Dataset.from_list([examples[i] for i in order[:n_val]])
-    train = Dataset.from_list([examples[i] for i in order[n_val:]])
-    tokens = sum(len(e["input_ids"]) for e in examples)
-    counted = sum(sum(label != -100 for label in e["labels"]) for e in examples)
-    args = TrainingArguments(
-        output_dir=str(out / "trainer"), learning_rate=o.lr, num_train_epochs=o.epochs, max_steps=o.max_steps,
-        per_device_train_batch_size=o.batch_size, per_device_eval_batch_size=o.batch_size,
-        gradient_accumulation_steps=o.grad_accum, warmup_steps=o.warmup_ratio, lr_scheduler_type="cosine",
-        weight_decay=0.1, max_grad_norm=1.0, eval_strategy="steps", eval_steps=o.eval_steps, save_strategy="steps",
-        save_steps=o.eval_steps, save_total_limit=save_total_limit, load_best_model_at_end=True,
-        metric_for_best_model="eval_loss", greater_is_better=False, seed=o.seed, data_seed=o.seed,
-        **device_arguments(o.cpu), report_to=report_to or "none", project=PROJECT,
-        run_name=tracker_run_name(out, record),
-        logging_steps=max(1, o.eval_steps // 4), remove_unused_columns=True, disable_tqdm=None)
-    collator = CheckedCollator(tok, label_pad_token_id=-100, pad_to_multiple_of=8)
-    collator([train[i] for i in range(min(o.batch_size, len(train)))])  # refuse a degenerate mask before training
-    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=val, data_collator=collator,
-                      processing_class=tok)
-    for callback in trainer.callback_handler.callbacks:  # one TensorBoard run per --out, continued by a resume
-        if isinstance(callback, TensorBoardCallback):
-            callback.logging_dir = str(out / "tensorboard")
-    if quiet:  # the demo prints one line per stage: drop the Trainer's progress bar and per-log dict printing
-        from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-        trainer.remove_callback(ProgressCallback)
-        trainer.remove_callback(PrinterCallback)
+    train, val = split_examples(examples, o)
+    args = training_arguments(o, out, record, report_to, save_total_limit)
+    trainer = build_trainer(model, tok, args, train, val, out, o.batch_size, quiet)
     last = last_checkpoint(out / "trainer") if resume else None
     trainer.train(resume_from_checkpoint=last)
     final_eval = trainer.evaluate()
@@ -264,7 +213,9 @@ def finetune(options: FinetuneOptions, *, save_total_limit: int = 2, resume: boo
     history = [h for h in trainer.state.log_history if "eval_loss" in h]
     best = min(history, key=lambda h: h["eval_loss"]) if history else {"eval_loss": final_eval["eval_loss"],
                                                                         "step": trainer.state.global_step}
-    summary = {"stage": stage, "base": base.name, "conversations": len(kept), "train_conversations": len(train),
+    tokens = sum(len(e["input_ids"]) for e in examples)
+    counted = sum(sum(label != -100 for label in e["labels"]) for e in examples)
+    summary = {"stage": o.stage, "base": base.name, "conversations": len(kept), "train_conversations": len(train),
                "val_conversations": len(val), "tokens": tokens, "counted_tokens": counted,
                "counted_ratio": round(counted / tokens, 4), "best_val_loss": best["eval_loss"],
                "best_step": best["step"], "first_val_loss": history[0]["eval_loss"] if history else None,
@@ -272,14 +223,100 @@ def finetune(options: FinetuneOptions, *, save_total_limit: int = 2, resume: boo
                "filters": chat_filter.report(), "read": read_info, "seconds": round(time.time() - started, 1),
                "lora": ({"r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout, "targets": list(lora.targets),
                          "merged": o.merge} if lora is not None else None)}
-    data_files = [{"name": path.name, "sha256": sha} for path, sha in zip(data, record["data_sha256"])]
-    summary.update({"kind": f"{stage}-summary", "schema": 1, "data": data_files})
-    if trainer.is_world_process_zero():  # under DDP every process gets here; one writes
-        lineage = write_lineage(out, stage, base, conversations=len(kept), best_val_loss=best["eval_loss"],
-                                best_step=best["step"], data=data_files)
-        summary.update({"weights_sha256": lineage["weights_sha256"],
-                        "base_weights_sha256": lineage["base"]["weights_sha256"]})
-        write_json(out / "summary.json", summary)
-    log(f"{stage}: best val loss {best['eval_loss']:.4f} at step {best['step']} "
+    write_summary(trainer, o, record, summary, best)
+    log(f"{o.stage}: best val loss {best['eval_loss']:.4f} at step {best['step']} "
         f"({summary['counted_ratio']:.1%} of tokens counted) -> {out}")
     return summary
+
+
+def check_request(o: FinetuneOptions, lora) -> list[str]:
+    """Refuse a fine-tune that cannot work before anything is read or written (the Trainer would fail on a missing
+    tracker only once built, after the data were read and --out claimed); returns the trackers to report to."""
+    if o.merge and lora is None:
+        raise UsageError("--merge merges a LoRA adapter: add --lora")
+    report_to = parse_report_to(o.report_to)
+    check_available(report_to)
+    base = Path(o.base)
+    if not (base / "tokenizer.json").exists() or not (base / "chat_template.jinja").exists():
+        raise MaskError(f"{base}: the base folder needs its tokenizer and chat template (tokenizer.json, "
+                        "chat_template.jinja); fine-tuning never retrains the tokenizer")
+    check_model_folder(base, chat_template=True)  # the one model-folder check, before transformers reads it
+    return report_to
+
+
+def read_and_filter(o: FinetuneOptions, log=print) -> tuple[dict, ChatFilter, list]:
+    """Read the chat files and keep the conversations the filters let through (never one that is in a holdout
+    file): returns the read counts, the filter (for its report) and what was kept, refusing fewer than two (one
+    for training, one for validation)."""
+    conversations, read_info = read_conversations([Path(path) for path in o.data], o.skip_bad)
+    holdout = [pair for path in o.exclude for pair in read_holdout_pairs(path)]
+    chat_filter = ChatFilter(o.filters(), holdout)
+    kept = chat_filter.apply(conversations)
+    log(f"{o.stage}: {len(conversations)} conversations read ({read_info['bad_lines']} bad lines skipped), "
+        f"{len(kept)} kept; rejected {dict(chat_filter.rejected)}")
+    if len(kept) < 2:
+        raise MaskError(f"only {len(kept)} conversations survive the filters; nothing to train on")
+    return read_info, chat_filter, kept
+
+
+def split_examples(examples: list[dict], o: FinetuneOptions):
+    """Training and validation datasets: a `val_frac` share (at least one) drawn by `seed`, so that a resume or a
+    rerun validates on the same conversations."""
+    from datasets import Dataset
+
+    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(o.seed)).tolist()
+    n_val = max(1, int(len(examples) * o.val_frac))
+    val = Dataset.from_list([examples[i] for i in order[:n_val]])
+    train = Dataset.from_list([examples[i] for i in order[n_val:]])
+    return train, val
+
+
+def training_arguments(o: FinetuneOptions, out: Path, record: dict, report_to: list[str], save_total_limit: int):
+    """The Trainer's settings: cosine schedule, evaluation and a checkpoint every `eval_steps`, the best model by
+    validation loss kept at the end, the tracker run named after the fine-tune (the same on every resume)."""
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        output_dir=str(out / "trainer"), learning_rate=o.lr, num_train_epochs=o.epochs, max_steps=o.max_steps,
+        per_device_train_batch_size=o.batch_size, per_device_eval_batch_size=o.batch_size,
+        gradient_accumulation_steps=o.grad_accum, warmup_steps=o.warmup_ratio, lr_scheduler_type="cosine",
+        weight_decay=0.1, max_grad_norm=1.0, eval_strategy="steps", eval_steps=o.eval_steps, save_strategy="steps",
+        save_steps=o.eval_steps, save_total_limit=save_total_limit, load_best_model_at_end=True,
+        metric_for_best_model="eval_loss", greater_is_better=False, seed=o.seed, data_seed=o.seed,
+        **hf_trainer_precision(o.cpu, o.precision), report_to=report_to or "none", project=PROJECT,
+        run_name=tracker_run_name(out, record),
+        logging_steps=max(1, o.eval_steps // 4), remove_unused_columns=True, disable_tqdm=None)
+
+
+def build_trainer(model, tok, args, train, val, out: Path, batch_size: int, quiet: bool):
+    """The Trainer with the checked collator, which sees one batch first so that a degenerate mask is refused
+    before training starts; TensorBoard logs go to one folder per --out (a resume continues its run)."""
+    from transformers import Trainer
+    from transformers.integrations import TensorBoardCallback
+
+    collator = CheckedCollator(tok, label_pad_token_id=-100, pad_to_multiple_of=8)
+    collator([train[i] for i in range(min(batch_size, len(train)))])  # refuse a degenerate mask before training
+    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=val, data_collator=collator,
+                      processing_class=tok)
+    for callback in trainer.callback_handler.callbacks:  # one TensorBoard run per --out, continued by a resume
+        if isinstance(callback, TensorBoardCallback):
+            callback.logging_dir = str(out / "tensorboard")
+    if quiet:  # the demo prints one line per stage: drop the Trainer's progress bar and per-log dict printing
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+        trainer.remove_callback(ProgressCallback)
+        trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
+def write_summary(trainer, o: FinetuneOptions, record: dict, summary: dict, best: dict) -> None:
+    """Name every data file (by name and sha256) in the summary, then, in one process only (under DDP every rank
+    gets here), write the lineage and `summary.json`, which records the weights' sha256 the lineage computed."""
+    data_files = [{"name": Path(path).name, "sha256": sha} for path, sha in zip(o.data, record["data_sha256"])]
+    summary.update({"kind": f"{o.stage}-summary", "schema": 1, "data": data_files})
+    if trainer.is_world_process_zero():
+        lineage = write_lineage(Path(o.out), o.stage, Path(o.base), conversations=summary["conversations"],
+                                best_val_loss=best["eval_loss"], best_step=best["step"], data=data_files)
+        summary.update({"weights_sha256": lineage["weights_sha256"],
+                        "base_weights_sha256": lineage["base"]["weights_sha256"]})
+        write_json(Path(o.out) / "summary.json", summary)

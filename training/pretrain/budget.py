@@ -14,14 +14,15 @@ import torch
 from hitoban.errors import ResourceError
 from hitoban.modeling import HitobanConfig
 from hitoban.training.data.reader import ShardReader
-from hitoban.training.pretrain.calibrate import HOURS_USABLE, measure
-from hitoban.training.pretrain.checkpoint import TrainState, current_slot
-from hitoban.training.pretrain.memory import (  # noqa: F401 - the preflight's rule, importable from here too
+from hitoban.training.device import DeviceOptions
+from hitoban.training.memory import (  # noqa: F401 - the preflight's rule, importable from here too
     estimate_memory_bytes,
     fits,
     logits_bytes,
     memory_limit,
 )
+from hitoban.training.pretrain.calibrate import HOURS_USABLE, measure
+from hitoban.training.pretrain.checkpoint import TrainState, current_slot
 from hitoban.training.pretrain.options import PretrainConfig
 
 
@@ -68,7 +69,7 @@ def step_peak_bytes(config: HitobanConfig, micro_batch: int, context: int, accel
     import numpy as np
 
     from hitoban.modeling import HitobanForCausalLM
-    from hitoban.training.pretrain.optim import build_optimizer
+    from hitoban.training.optim import build_optimizer
     from hitoban.training.step import train_step
 
     device = accelerator.device
@@ -107,17 +108,18 @@ def step_peak_bytes(config: HitobanConfig, micro_batch: int, context: int, accel
     return max(sum(s) for s in sizes), "profiler memory timeline"
 
 
-def memory_preflight(cfg: PretrainConfig, config: HitobanConfig, device: torch.device, micro: int, context: int,
+def memory_preflight(options: DeviceOptions, config: HitobanConfig, device: torch.device, micro: int, context: int,
                      precision: str) -> None:
-    """Refuse a run whose estimate exceeds what it may use: free memory, or --memory-cap-gb when that is lower."""
-    if device.type in ("cuda", "mps") and cfg.memory_cap_gb:
+    """Refuse a run whose estimate exceeds what it may use: free memory, or --memory-cap-gb when that is lower
+    (`options`: the run's device options, which own the cap and the check's switch)."""
+    if device.type in ("cuda", "mps") and options.memory_cap_gb:
         total = (torch.cuda.get_device_properties(device).total_memory if device.type == "cuda"
                  else torch.mps.recommended_max_memory())
-        fraction = min(1.0, cfg.memory_cap_gb * 2**30 / total)
+        fraction = min(1.0, options.memory_cap_gb * 2**30 / total)
         (torch.cuda if device.type == "cuda" else torch.mps).set_per_process_memory_fraction(fraction)
     need = estimate_memory_bytes(config, micro, context, precision)
-    have, what = memory_limit(device, cfg.memory_cap_gb)
-    if have is not None and not fits(need, have) and not cfg.skip_memory_check:
+    have, what = memory_limit(device, options.memory_cap_gb)
+    if have is not None and not fits(need, have) and not options.skip_memory_check:
         raise ResourceError(f"this run needs about {need / 2**30:.1f} GiB but {have / 2**30:.1f} GiB are {what} on "
                             f"{device}; lower --batch-size (or use --grad-accum), close other programs, or pass "
                             "--skip-memory-check")

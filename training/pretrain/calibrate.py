@@ -20,20 +20,19 @@ import torch
 
 from hitoban.errors import ResourceError
 from hitoban.modeling import HitobanForCausalLM
-from hitoban.modeling.loading import device_for
 from hitoban.options import argv_for
 from hitoban.provenance import write_json
+from hitoban.training import night
+from hitoban.training.device import set_up
 from hitoban.training.hardware import (
-    check_precision,
     choose_compile,
-    device_facts,
     measured_once,
-    plan_device,
     synchronize,
 )
-from hitoban.training.pretrain.optim import build_optimizer
+from hitoban.training.memory import estimate_memory_bytes, fits, memory_limit
+from hitoban.training.optim import build_optimizer
 from hitoban.training.pretrain.options import CalibrateOptions, PretrainConfig, shaped_config
-from hitoban.training.step import make_accelerator, reset_accelerate_state, train_step
+from hitoban.training.step import reset_accelerate_state
 
 HOURS_USABLE = 0.9  # of a night: the rest is kept for evaluations, saves and the start
 
@@ -54,7 +53,7 @@ STABLE_SPREAD = 0.10  # interquartile range of the step times / median
 def measure(preset: str, batch: int, vocab_size: int, context: int | None, steps: int, warmup: int,
             accelerator, data=None, max_seconds: float = 60.0, compiled: bool = False,
             optimizer_name: str = "muon", grad_accum: int = 1, muon_dtype: str = "bfloat16") -> dict:
-    """tok/s of the real training step (`loop.train_step`: the loop's forward, backward, clip, update) for one
+    """tok/s of the real training step (`night.update`: the night's forward, backward, clip, update) for one
     process's `batch` rows in `grad_accum` micro-batches (the memory a step needs is a micro-batch's), in the
     accelerator's precision; compile time (the first steps) is excluded."""
     device = accelerator.device
@@ -70,7 +69,7 @@ def measure(preset: str, batch: int, vocab_size: int, context: int | None, steps
     def step(i: int) -> None:
         rows = (data.batch(0, i, batch, context) if data is not None
                 else np.random.default_rng([0, i]).integers(0, vocab_size, (batch, context + 1)))
-        train_step(step_model, optimizer, accelerator, rows, grad_accum, 1.0)
+        night.update(step_model, optimizer, accelerator, rows, 3e-4, i, grad_accum, 1.0)  # the night's update
 
     first = time.perf_counter()
     for i in range(warmup):
@@ -141,25 +140,20 @@ def calibrate(options: CalibrateOptions, log=print) -> dict:
     """Measure each "PRESET:BATCH" candidate with the real training step and pick the night's run; with
     `options.out`, also write the result there as JSON."""
     from hitoban.training.data.reader import ShardReader
-    from hitoban.training.pretrain.memory import estimate_memory_bytes, fits, memory_limit
 
-    o = options
-    device = device_for(o.cpu)
-    facts = device_facts(device)
-    plan = plan_device(facts)
-    precision = plan.precision if o.precision == "auto" else o.precision
-    check_precision(facts, precision)
-    reset_accelerate_state(cpu=o.cpu)
-    accelerator = make_accelerator(o.cpu, precision)
-    data = ShardReader(o.data) if o.data else None
-    vocab_size = data.vocab_size if data is not None else o.vocab_size
-    usable = o.hours * 3600 * HOURS_USABLE
+    reset_accelerate_state(cpu=options.cpu)
+    chosen = set_up(options.cpu, options.precision)  # the night's own device resolution
+    facts, plan, precision, accelerator = chosen.facts, chosen.plan, chosen.precision, chosen.accelerator
+    device = accelerator.device
+    data = ShardReader(options.data) if options.data else None
+    vocab_size = data.vocab_size if data is not None else options.vocab_size
+    usable = options.hours * 3600 * HOURS_USABLE
     results, skipped = [], []
-    have, what = memory_limit(device, o.memory_cap_gb)
-    for candidate in o.candidate:
+    have, what = memory_limit(device, options.memory_cap_gb)
+    for candidate in options.candidate:
         preset, _, batch = candidate.partition(":")
         batch = int(batch or 32)
-        config, context = shaped_config(preset, vocab_size, o.context)
+        config, context = shaped_config(preset, vocab_size, options.context)
         need = estimate_memory_bytes(config, batch, context, precision)
         if have is not None and not fits(need, have):
             skipped.append({"label": f"{preset} b{batch}", "estimate_gb": round(need / 2**30, 2),
@@ -167,10 +161,10 @@ def calibrate(options: CalibrateOptions, log=print) -> dict:
             log(f"  {preset + ' b' + str(batch):<14} does not fit: needs about {need / 2**30:.2f} GiB, "
                 f"{have / 2**30:.2f} GiB {what} (skipped)")
             continue
-        compiled, _ = choose_compile(o.compile, facts, usable, lambda preset=preset, batch=batch: compile_gain(
-            preset, batch, vocab_size, o.context, accelerator, data, o.optimizer, plan.muon_dtype))
-        row = measure(preset, batch, vocab_size, o.context, o.steps, o.warmup, accelerator, data,
-                      compiled=compiled, optimizer_name=o.optimizer, muon_dtype=plan.muon_dtype)
+        compiled, _ = choose_compile(options.compile, facts, usable, lambda preset=preset, batch=batch: compile_gain(
+            preset, batch, vocab_size, options.context, accelerator, data, options.optimizer, plan.muon_dtype))
+        row = measure(preset, batch, vocab_size, options.context, options.steps, options.warmup, accelerator, data,
+                      compiled=compiled, optimizer_name=options.optimizer, muon_dtype=plan.muon_dtype)
         row["tokens_in_budget"] = int(row["tok_per_sec"] * usable)
         row["tokens_in_budget_range"] = [int(v * usable) for v in row["tok_per_sec_range"]]
         row["d_over_n"] = row["tokens_in_budget"] / row["non_embedding"]
@@ -185,21 +179,21 @@ def calibrate(options: CalibrateOptions, log=print) -> dict:
         raise ResourceError(f"none of the candidates fits on {device.type} ({needs}; {have / 2**30:.2f} GiB "
                             f"{what}): give smaller ones, e.g. --candidate tiny:8 --candidate small:8")
     best = min(results, key=lambda r: abs(r["d_over_n"] - 20))
-    night = argv_for(PretrainConfig, data=o.data or "SHARDS", out="runs/night", preset=best["preset"],
+    pretrain_argv = argv_for(PretrainConfig, data=options.data or "SHARDS", out="runs/night", preset=best["preset"],
                      batch_size=best["batch"], context=best["context"], tokens=best["tokens_in_budget"],
-                     max_hours=f"{o.hours + 0.5:g}")
-    command = " ".join(["hitoban", "pretrain", *night, "--supervise"])
+                     max_hours=f"{options.hours + 0.5:g}")
+    command = " ".join(["hitoban", "pretrain", *pretrain_argv, "--supervise"])
     low, high = best["tokens_in_budget_range"]
     sureness = (f"{best['tok_per_sec']:,.0f} tok/s (middle half of {best['steps_timed']} timed steps: "
                 f"{best['tok_per_sec_range'][0]:,.0f}-{best['tok_per_sec_range'][1]:,.0f}), so the night holds "
                 f"{low:,}-{high:,} tokens" + ("" if best["spread"] <= STABLE_SPREAD else
                                               "; the timings did not settle (a busy machine?): calibrate again"))
-    reset_accelerate_state(cpu=o.cpu)
-    result = {"kind": "calibration", "schema": 1, "hours": o.hours, "usable_seconds": usable, "device": device.type,
-              "precision": precision, "device_plan": plan.record(),
-              "sureness": sureness, "vocab_size": vocab_size, "measured_steps": o.steps,
-              "warmup_steps": o.warmup, "results": results, "skipped": skipped, "selected": best["label"],
+    reset_accelerate_state(cpu=options.cpu)
+    result = {"kind": "calibration", "schema": 1, "hours": options.hours, "usable_seconds": usable,
+              "device": device.type, "precision": precision, "device_plan": plan.record(),
+              "sureness": sureness, "vocab_size": vocab_size, "measured_steps": options.steps,
+              "warmup_steps": options.warmup, "results": results, "skipped": skipped, "selected": best["label"],
               "command": command}
-    if o.out:
-        write_json(o.out, result)
+    if options.out:
+        write_json(options.out, result)
     return result

@@ -26,20 +26,15 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from hitoban.errors import HitobanError
+from hitoban.errors import CheckpointError, HitobanError  # noqa: F401 - CheckpointError: importable from here
 from hitoban.modeling.loading import TOKENIZER_FILES
 from hitoban.provenance import replacing, write_lineage
+from hitoban.training import faults
+from hitoban.training.optim import load_optimizer_tensors, optimizer_tensors  # noqa: F401 - a slot's optimizer.safetensors
 
 SLOTS = ("ckpt-A", "ckpt-B")
-# Test hooks for the kill test: pause inside a save (after the weights, before COMPLETE) so a SIGKILL lands
-# mid-save; and write a digest of the *in-memory* state just before each save, for check [A].
-PAUSE_IN_SAVE_ENV = "HITOBAN_PAUSE_IN_SAVE"
-STATE_DIGEST_ENV = "HITOBAN_STATE_DIGEST_DIR"
-DETERMINISTIC_ENV = "HITOBAN_DETERMINISTIC"  # the kill test on a GPU: deterministic kernels, bit-exact resume
-
-
-class CheckpointError(HitobanError, RuntimeError):
-    """A checkpoint cannot be written or does not fit this run; the message says what to do."""
+# The kill test's hooks (training/faults.py): pause_in_save (a SIGKILL lands inside a save, after the weights and
+# before COMPLETE) and state_digest_dir (a digest of the *in-memory* state just before each save, for check [A]).
 
 
 class SlotDamaged(CheckpointError):
@@ -139,8 +134,8 @@ def slot_files(slot: Path) -> list[str]:
 
 def seal(slot: Path, step: int) -> None:
     """Write COMPLETE: the step and the size and sha256 of every file now in the slot, each fsync'd. Hashing re-reads
-    what the save just wrote, from the page cache: 0.3 s for a 3lm slot (408 MiB, ~1.4 GiB/s on a 2-core AMD EPYC;
-    ~15% of its 2 s save, issue 35), so it is not worth doing while writing."""
+    what the save just wrote, from the page cache, a small share of the save (measured in docs/design.md §7), so it
+    is not worth doing while writing."""
     files = {name: {"bytes": (slot / name).stat().st_size, "sha256": file_sha256(slot / name, fsync=True)}
              for name in slot_files(slot)}
     manifest = {"schema": MARKER_SCHEMA, "step": step, "completed": round(time.time()), "files": files}
@@ -214,71 +209,6 @@ def current_slot(run: Path) -> Path | None:
     return None
 
 
-STATE_NAMES = {"exp_avg": "m", "exp_avg_sq": "v", "momentum_buffer": "momentum"}  # AdamW's m, v; Muon's momentum
-
-
-SCALER_PREFIX = "scaler."  # fp16's GradScaler: scale, growth tracker and its settings (GradScaler.state_dict)
-
-
-def optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler=None
-                      ) -> dict[str, torch.Tensor]:
-    """Flatten optimizer state into `<param name>.m` / `.v` (AdamW) or `.momentum` (Muon) plus `step` and `lr`
-    (3LM's optimizer.safetensors, extended); `stateful`, how many parameters had state (0 for an optimizer that
-    keeps none, such as SGD without momentum); and under fp16 the gradient scaler's state (`scaler.*`), without
-    which a resumed run would start again at a scale of 65,536 and skip the overflow steps the uninterrupted run
-    had already left behind."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    tensors: dict[str, torch.Tensor] = {}
-    step = stateful = 0
-    for group in optimizer.param_groups:
-        tensors["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float64)
-        for p in group["params"]:
-            state = optimizer.state.get(p)
-            if not state:
-                continue
-            stateful += 1
-            for key, short in STATE_NAMES.items():
-                if key in state:
-                    tensors[f"{names[id(p)]}.{short}"] = state[key].detach().contiguous()
-            if "step" in state:
-                step = int(state["step"])
-    tensors["step"] = torch.tensor(step, dtype=torch.int64)
-    tensors["stateful"] = torch.tensor(stateful, dtype=torch.int64)
-    if scaler is not None and scaler.is_enabled():
-        for key, value in scaler.state_dict().items():
-            tensors[SCALER_PREFIX + key] = torch.tensor(value, dtype=torch.float64)  # exact for these ints and floats
-    return tensors
-
-
-def load_optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tensors: dict,
-                           scaler=None) -> int:
-    """Restore every moment, the step and (fp16) the gradient scaler bit for bit; returns the step. Missing entries
-    are an error, not a silent reset: only an optimizer that kept no state at all (`stateful` 0) has none."""
-    step = int(tensors["step"])
-    stateless = "stateful" in tensors and int(tensors["stateful"]) == 0
-    for name, p in model.named_parameters():
-        saved = {key: tensors[f"{name}.{short}"] for key, short in STATE_NAMES.items() if f"{name}.{short}" in tensors}
-        if not saved:
-            if stateless:
-                optimizer.state.pop(p, None)
-                continue
-            raise CheckpointError(f"optimizer state has no moments for {name}")
-        state = {key: value.clone() for key, value in saved.items()}
-        if "exp_avg" in state:
-            state["step"] = torch.tensor(float(step))
-        optimizer.state[p] = state
-    for group in optimizer.param_groups:
-        group["lr"] = float(tensors["lr"])
-    if scaler is not None and scaler.is_enabled():
-        saved = {k[len(SCALER_PREFIX):]: v for k, v in tensors.items() if k.startswith(SCALER_PREFIX)}
-        if not saved:
-            raise CheckpointError("this fp16 run's checkpoint has no gradient scaler state (written by an older "
-                                  "hitoban): resuming would restart the scale; start over with --resume never")
-        scaler.load_state_dict({k: int(v) if k in ("growth_interval", "_growth_tracker") else float(v)
-                                for k, v in saved.items()})
-    return step
-
-
 def state_digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler=None) -> dict[str, str]:
     """sha256 of every weight and every optimizer tensor (m, v, step, lr, the fp16 scaler's state), as bytes: equal
     digests = equal state."""
@@ -298,8 +228,9 @@ def save_checkpoint(run: Path, model, optimizer, train_state: TrainState, tokeni
     run = Path(run)
     named = current_slot(run)
     target = run / (SLOTS[1] if named is not None and named.name == SLOTS[0] else SLOTS[0])
-    if os.environ.get(STATE_DIGEST_ENV):  # the kill test's check [A]: the state as it was in memory
-        _write_text(Path(os.environ[STATE_DIGEST_ENV]) / f"step-{train_state.step}.json",
+    hooks = faults.active()
+    if hooks.state_digest_dir:  # the kill test's check [A]: the state as it was in memory
+        _write_text(Path(hooks.state_digest_dir) / f"step-{train_state.step}.json",
                     json.dumps(state_digest(model, optimizer, scaler)))
     try:
         if target.exists():
@@ -314,9 +245,9 @@ def save_checkpoint(run: Path, model, optimizer, train_state: TrainState, tokeni
                 if (Path(tokenizer_dir) / name).exists():
                     shutil.copy2(Path(tokenizer_dir) / name, target / name)
         _write_text(target / "train_state.json", train_state.to_json())
-        if os.environ.get(PAUSE_IN_SAVE_ENV):
+        if hooks.pause_in_save:
             _write_text(run / "SAVING", str(train_state.step))
-            time.sleep(float(os.environ[PAUSE_IN_SAVE_ENV]))
+            time.sleep(hooks.pause_in_save)
         seal(target, train_state.step)
         _fsync_dir(target)
         point_current(run, target)

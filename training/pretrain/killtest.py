@@ -32,10 +32,9 @@ from safetensors.torch import load_file
 from hitoban.errors import UsageError
 from hitoban.options import argv_for, flag_of
 from hitoban.provenance import weights_sha256, write_json
+from hitoban.run_folder import RunFolder
+from hitoban.training import faults
 from hitoban.training.pretrain.checkpoint import (
-    DETERMINISTIC_ENV,
-    PAUSE_IN_SAVE_ENV,
-    STATE_DIGEST_ENV,
     TrainState,
     current_slot,
     drop_optimizer_state,
@@ -56,8 +55,8 @@ def restore_check(slot: Path, digest_file: Path) -> dict:
     from safetensors import safe_open
 
     from hitoban.modeling import HitobanConfig, HitobanForCausalLM
-    from hitoban.training.pretrain.checkpoint import SCALER_PREFIX, load_checkpoint, state_digest
-    from hitoban.training.pretrain.optim import AdamW
+    from hitoban.training.optim import SCALER_PREFIX, AdamW
+    from hitoban.training.pretrain.checkpoint import load_checkpoint, state_digest
 
     model = HitobanForCausalLM(HitobanConfig.from_pretrained(slot))
     optimizer = AdamW(model.parameters())
@@ -97,8 +96,7 @@ def bit_identical(a: Path, b: Path) -> bool:
 
 def train_losses(run: Path) -> tuple[dict[int, float], list[int]]:
     losses, resumes = {}, []
-    for line in (run / "log.jsonl").read_text().splitlines():
-        record = json.loads(line)
+    for record in RunFolder(run).records():
         if record["type"] == "train":
             losses[record["step"]] = record["loss"]
         elif record["type"] == "resume":
@@ -153,12 +151,14 @@ def run_killtest(data: str | os.PathLike, work: str | os.PathLike, options: list
     # On a GPU: deterministic kernels (cuBLAS workspace, no atomics), so the same device can be held to bit-exactness;
     # where that is impossible (MPS) the noise-floor rule below judges instead.
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
-           DETERMINISTIC_ENV: "1", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+           **faults.to_env(deterministic=True), "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
     digests = work / "state-digests"
     digests.mkdir()
 
-    def pretrain(out: Path, extra_env: dict | None = None, **popen):
-        return subprocess.Popen(base_args + argv_for(PretrainConfig, out=str(out)), env={**env, **(extra_env or {})},
+    def pretrain(out: Path, hooks: dict | None = None, **popen):
+        """A `hitoban pretrain` run into `out`; `hooks`: training/faults.py's hooks for it, over deterministic."""
+        run_env = {**env, **faults.to_env(deterministic=True, **(hooks or {}))}
+        return subprocess.Popen(base_args + argv_for(PretrainConfig, out=str(out)), env=run_env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
 
     parallel = runs_in_parallel(options)
@@ -173,7 +173,7 @@ def run_killtest(data: str | os.PathLike, work: str | os.PathLike, options: list
                     raise RuntimeError(f"pretrain in {out.name} failed:\n{output[-3000:]}")
 
     started = time.time()
-    run_to_end((work / "base1", {STATE_DIGEST_ENV: str(digests)}), (work / "base2", None))
+    run_to_end((work / "base1", {"state_digest_dir": str(digests)}), (work / "base2", None))
     noise = max_weight_diff(work / "base1", work / "base2")
     log(f"noise floor (two uninterrupted runs): {noise:.3e}")
 
@@ -208,7 +208,7 @@ def self_kill(killed: Path, kills: int, log_every: int, pretrain, first_copy: Pa
     kill_steps = []
     for attempt in range(kills):
         mid_save = attempt == 0
-        proc = pretrain(killed, {PAUSE_IN_SAVE_ENV: "1"} if mid_save else None)
+        proc = pretrain(killed, {"pause_in_save": 1} if mid_save else None)
         deadline = time.time() + 600
         while proc.poll() is None and time.time() < deadline:
             if mid_save and (killed / "SAVING").exists():
@@ -259,7 +259,7 @@ def _judge(work: Path, killed: Path, control: Path, noise: float, restore: dict,
         "control_detected": control_diff > 0.0 if exact_mode else control_diff >= 10.0 * noise,
         "resumed": resumes >= kills,
     }
-    config = json.loads((work / "base1" / "config.json").read_text())
+    config = RunFolder(work / "base1").config()  # the fingerprint and hardware, as either schema wrote them
     result = {"kind": "kill-test", "schema": 2, "steps": steps, "options": options,
               "fingerprint": config.get("fingerprint"), "hardware": config.get("hardware"),
               "weights_sha256": weights_sha256(current_slot(work / "base1")),  # what the killed run must equal

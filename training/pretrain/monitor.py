@@ -7,7 +7,6 @@ last good checkpoint stays the run's state.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -16,8 +15,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from hitoban.errors import ExitCode, HitobanError, InputError
-from hitoban.provenance import write_json
+from hitoban.errors import ExitCode, HitobanError
+from hitoban.run_folder import RunFolder
 
 
 class TrainingDiverged(HitobanError, RuntimeError):
@@ -73,17 +72,14 @@ class Monitor:
     trackers: object | None = None  # training.trackers.RunTrackers: --report-to gets every record log.jsonl gets
 
     def __post_init__(self) -> None:
+        self.folder = RunFolder(self.run)  # log.jsonl and heartbeat.json are written through it
         self.bar = tqdm(total=self.total_steps, initial=self.start_step, desc="pretrain", unit="step",
                         disable=not (self.main and self.progress) or None)
         self.first_unread_step = self.start_step + 1
 
     def log(self, record: dict) -> None:
         if self.main:
-            path = self.run / "log.jsonl"
-            if path.exists() and not path.is_file():  # a folder or FIFO there would block or crash mid-night
-                raise InputError(f"{path}: not a regular file; move it away and resume")
-            with open(path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self.folder.log(record)
             if self.trackers is not None:
                 self.trackers.log(record)
 
@@ -163,7 +159,7 @@ class Monitor:
             return
         remaining = (self.total_steps - state.step) * self.tokens_per_step
         tok_s = self.tok_per_sec
-        write_json(self.run / "heartbeat.json", {
+        self.folder.heartbeat({
             "updated_at": time.time(), "step": state.step, "total_steps": self.total_steps,
             "tokens_seen": state.tokens_seen, "token_budget": self.total_steps * self.tokens_per_step,
             "train_loss": self.last_loss, "best_val": state.best_val, "lr": lr, "tok_per_sec": tok_s,

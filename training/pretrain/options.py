@@ -4,65 +4,39 @@ theirs from here too. Standard library only at import: `hitoban --help` builds e
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from hitoban.options import Checked, check_ranges, option, parse_count, same_as
+from hitoban.training.device import DeviceOptions
+from hitoban.training.optimizer import OptimizerOptions
+from hitoban.training.schedule import ScheduleOptions
 from hitoban.training.trackers import REPORT_TO_HELP, parse_report_to
-
-DEFAULT_LR = {"muon": 2e-3, "adamw": 6e-4}  # adamw: 3LM's; muon: kept for the shapes no sweep has measured
-# Where a sweep measured better (README Benchmarks: small, 16 x 256, fp32 on a CPU imitating one without native bf16,
-# Muon + WSD at 8e-3 beat 2e-3, 3e-3, 4e-3 and 6e-3 on both held-out domains at 114 and 240 steps; bench_night.py with
-# native bf16 confirms it against the Trainer; longer nights at this shape were not swept)
-PRESET_LR = {("muon", "small"): 8e-3}
-
-
-def default_lr(optimizer: str, preset: str) -> float | None:
-    """The peak lr a run gets without --lr: the measured one for this optimizer and shape, else the optimizer's."""
-    return PRESET_LR.get((optimizer, preset), DEFAULT_LR.get(optimizer))
 
 
 @dataclass(kw_only=True)
-class TrainingOptions(Checked):
-    """What shapes a training trajectory: the kill test must run the night with exactly these."""
+class TrainingOptions(OptimizerOptions, ScheduleOptions, DeviceOptions):
+    """What shapes a training trajectory: the kill test must run the night with exactly these. Composed of the
+    components' own options (the optimizer's, the schedule's, the device's), plus the data and the model's shape;
+    the fields a resume must keep say so (`trajectory=True`, read by `trajectory_fields`)."""
 
     data: str = option(help="a shard folder from `hitoban shards`")
     preset: str = option("3lm", "model shape", choices=("tiny", "small", "3lm", "zxell-s"))
-    batch_size: int = option(32, "sequences per optimizer step, over all processes", min=1)
-    context: int | None = option(None, "tokens per sequence (default: the preset's)", min=2)
-    grad_accum: int = option(1, "micro-batches per step (same result, less memory)", min=1)
-    lr: float | None = option(None, "peak learning rate (default: with muon 8e-3 at the small preset, 2e-3 at the "
-                                    "others; 3LM's 6e-4 with adamw)", above=0)
-    min_lr_ratio: float = option(0.1, "the schedule ends at this fraction of the peak", min=0, max=1)
-    warmup_frac: float = option(0.02, "warmup: max(100 steps, this fraction), from 2%% of the peak", min=0, max=1)
-    weight_decay: float = option(0.1, "decoupled weight decay", min=0)
-    grad_clip: float = option(1.0, "clip the gradient norm (0: off)", min=0)
-    adam_bias_correction: bool = option(True, "AdamW without bias correction (3LM/MLX semantics: smaller first "
-                                              "updates)", flag="--no-adam-bias-correction")
-    optimizer: str = option("muon", "muon: torch's Muon on the hidden matrices (update scaled to AdamW's RMS, same "
-                                    "--lr; its Newton-Schulz in bf16 where native, else fp32), AdamW on embeddings "
-                                    "and norms; adamw: AdamW on everything (3LM). Muon is the default by measurement "
-                                    "(benchmarks/bench_night.py)",
-                            choices=("adamw", "muon"))
-    schedule: str = option("wsd", "wsd: warmup-stable-decay with a linear warmdown over --decay-frac (extendable); "
-                                  "cosine: to --min-lr-ratio (3LM)", choices=("cosine", "wsd"))
-    decay_frac: float = option(0.2, "wsd: the warmdown's share of the steps", min=0, max=1)
-    dropout: float = option(0.0, "residual and embedding dropout", min=0, below=1)
-    seed: int = option(1234, "initialisation and batches: (seed, step) -> batch", min=0)
-    precision: str = option("auto", "auto: the device plan (training/hardware.py): bf16 where the hardware has it "
-                                    "(CUDA 8.0+, CPUs with AMX / AVX512-BF16), fp16 on CUDA 7.x (T4, V100), fp32 "
-                                    "elsewhere, MPS included (bf16 there needs macOS 14; fp16 needs a GPU)",
-                            choices=("auto", "no", "bf16", "fp16"))
-    compile: str = option("auto", "torch.compile the model. auto: on CUDA 7.0+; on a CPU only when a measurement on "
-                                  "this machine says the run is long enough to repay the compile time (cached)",
-                          choices=("auto", "on", "off"))
-    cpu: bool = option(False, "train on the CPU even when a GPU/MPS is present")
-    memory_cap_gb: float | None = option(None, "cap GPU/MPS memory for this process (GiB)", above=0)
-    skip_memory_check: bool = option(False, "start even when the memory estimate exceeds what is free")
+    batch_size: int = option(32, "sequences per optimizer step, over all processes", min=1, trajectory=True)
+    context: int | None = option(None, "tokens per sequence (default: the preset's)", min=2, trajectory=True)
+    grad_accum: int = option(1, "micro-batches per step (same result, less memory)", min=1, trajectory=True,
+                             machine=True)
+    dropout: float = option(0.0, "residual and embedding dropout", min=0, below=1, trajectory=True)
+    seed: int = option(1234, "initialisation and batches: (seed, step) -> batch", min=0, trajectory=True)
 
     def __post_init__(self) -> None:
-        if self.lr is None:  # resolved once, here: every reader (the fingerprint, the card) sees the number
-            self.lr = default_lr(self.optimizer, getattr(self, "preset", ""))
+        self.resolve_lr(getattr(self, "preset", ""))
         check_ranges(self)
+
+
+def trajectory_fields(cls: type = TrainingOptions) -> tuple[str, ...]:
+    """The options a resumed run must share with its checkpoint (declared `trajectory=True` on the fields)."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("trajectory"))
 
 
 @dataclass(kw_only=True)

@@ -1,7 +1,8 @@
 """The night's checkpoint policy: when to save and when to stop, one decision shared by every process.
 
 Each rank has its own clock, signals and timers, so every decision is reduced over the ranks (any rank's yes is
-everyone's) on the host, never through the device. Also the test hooks that plant a skewed clock or an inf loss.
+everyone's) on the host, never through the device. The test hooks that plant a skewed clock or an inf loss
+are training/faults.py's (`clock_skew`, `planted_inf_step`).
 """
 
 from __future__ import annotations
@@ -29,21 +30,6 @@ class StopFlag:
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, handler)
-
-
-CLOCK_SKEW_ENV = "HITOBAN_TEST_CLOCK_SKEW"  # test hook: "RANK:SECONDS" adds SECONDS to that rank's clock
-INF_LOSS_ENV = "HITOBAN_TEST_INF_LOSS"  # test hook: "RANK:STEP" makes that rank's loss at that step infinite
-
-
-def clock_skew(rank: int) -> float:
-    target, _, seconds = os.environ.get(CLOCK_SKEW_ENV, "").partition(":")
-    return float(seconds) if target and int(target) == rank else 0.0
-
-
-def planted_inf_step(rank: int) -> int | None:
-    """The step at which INF_LOSS_ENV plants an infinite loss on this rank, if it does (read once per run)."""
-    target, _, at = os.environ.get(INF_LOSS_ENV, "").partition(":")
-    return int(at) if target and int(target) == rank else None
 
 
 _HOST_GROUP: list = []  # the gloo group for host-side decisions, made once per process group

@@ -11,14 +11,14 @@ import torch
 
 from hitoban.errors import UsageError
 from hitoban.modeling import HitobanConfig
+from hitoban.training.optim import state_device
 from hitoban.training.pretrain.checkpoint import CheckpointError
-from hitoban.training.pretrain.options import TrainingOptions
+from hitoban.training.pretrain.options import TrainingOptions, trajectory_fields
 
-# Options that change the training trajectory: a resume with any of them changed is refused unless allowed.
-# (--compile is not one: compiled and eager runs resume each other's checkpoints.)
-TRAJECTORY_OPTIONS = ("seed", "batch_size", "context", "grad_accum", "lr", "min_lr_ratio", "warmup_frac",
-                      "weight_decay", "grad_clip", "adam_bias_correction", "optimizer", "schedule", "decay_frac",
-                      "dropout", "precision", "total_steps")
+# Options that change the training trajectory (declared on the option fields, `trajectory=True`), and the budget the
+# schedule was built for: a resume with any of them changed is refused unless allowed. (--compile is not one:
+# compiled and eager runs resume each other's checkpoints.)
+TRAJECTORY_OPTIONS = (*trajectory_fields(), "total_steps")
 
 
 def trajectory_fingerprint(options: TrainingOptions, config: HitobanConfig, index: dict, data_index_sha256: str,
@@ -39,24 +39,6 @@ def allowed_changes(option: str | None) -> set[str]:
     if unknown:
         raise UsageError(f"--allow-change: unknown option(s) {unknown}; choose from {', '.join(TRAJECTORY_OPTIONS)}")
     return names
-
-
-def state_device(group: dict, param: torch.Tensor, key: str) -> torch.device:
-    """Where an optimizer reads one state tensor: a fused or capturable AdamW reads everything, `step` included, on
-    the parameter's device (torch's own load_state_dict keeps it there for them); a plain (for-each) one reads `step`
-    on the CPU (on the device it costs a host sync per parameter per step) and the rest on the parameter's device."""
-    on_device = group.get("fused") or group.get("capturable") or key != "step"
-    return param.device if on_device else torch.device("cpu")
-
-
-def place_step_counters(optimizer: torch.optim.Optimizer) -> None:
-    """Put each restored `step` counter where its optimizer reads it (`state_device`): Accelerate's prepare() moves
-    the whole restored state to the device, and a fused AdamW fails at its first step with `step` anywhere else."""
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            state = optimizer.state.get(param) or {}
-            if torch.is_tensor(state.get("step")):
-                state["step"] = state["step"].to(state_device(group, param, "step"))
 
 
 def check_state_placement(optimizer: torch.optim.Optimizer) -> None:

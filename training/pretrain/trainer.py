@@ -16,7 +16,6 @@ monitor (log, heartbeat, tok/s, MFU, NaN guard) and the checkpoint policy as its
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 import uuid
 from pathlib import Path
@@ -25,24 +24,20 @@ import numpy as np
 import torch
 
 from hitoban.errors import UsageError
-from hitoban.modeling import PRESETS, HitobanForCausalLM
-from hitoban.modeling.loading import device_for
-from hitoban.provenance import read_lineage, write_json
+from hitoban.modeling import PRESETS
+from hitoban.provenance import read_lineage
+from hitoban.training import faults, night
 from hitoban.training.data.reader import ShardReader
 from hitoban.training.data.shards import load_index, sha256_file
+from hitoban.training.device import set_up
 from hitoban.training.hardware import (
-    check_precision,
     choose_compile,
-    device_facts,
     flops_per_token,
     hardware_description,
     matmul_peak,
-    plan_device,
 )
-from hitoban.training.nll import token_nats
 from hitoban.training.pretrain.budget import memory_preflight, steps_for_hours
 from hitoban.training.pretrain.checkpoint import (
-    DETERMINISTIC_ENV,
     PREVIOUS_RUN,
     CheckpointError,
     RunLock,
@@ -58,54 +53,15 @@ from hitoban.training.pretrain.checkpoint import (
     set_aside,
 )
 from hitoban.training.pretrain.monitor import Monitor, TrainingDiverged
-from hitoban.training.pretrain.optim import build_optimizer
 from hitoban.training.pretrain.options import PretrainConfig, shaped_config
-from hitoban.training.pretrain.policy import CheckpointPolicy, clock_skew, planted_inf_step
+from hitoban.training.pretrain.policy import CheckpointPolicy
 from hitoban.training.pretrain.resume import (
     allowed_changes,
     check_state_placement,
-    place_step_counters,
     trajectory_fingerprint,
 )
-from hitoban.training.schedule import Schedule
-from hitoban.training.step import make_accelerator, reset_accelerate_state, train_step
+from hitoban.training.step import reset_accelerate_state
 from hitoban.training.trackers import RunTrackers, check_available, parse_report_to
-
-
-def step_seed(seed: int, step: int, rank: int) -> int:
-    """The torch seed for one step on one process: a resumed run draws the same dropout masks as an uninterrupted
-    one without saving any RNG state, on any number of processes."""
-    return int(np.random.SeedSequence([seed, step, rank]).generate_state(1, np.uint64)[0])
-
-
-@torch.no_grad()
-def evaluate(model, val: ShardReader | None, domains: dict[str, np.ndarray], batches: int, batch_size: int,
-             context: int, autocast, accelerator=None) -> dict:
-    """Fixed validation batches (seed 0, steps 0..n-1) plus per-domain loss on `domains` (built once per run).
-    Over several processes each rank scores its share of the batches and windows and the sums are reduced: the
-    same numbers as one process, in 1/world of the time."""
-    if val is None:
-        return {}
-    rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator is not None else (0, 1)
-    model.eval()
-    device = next(model.parameters()).device
-    loss_sum = torch.zeros((), dtype=torch.float32, device=device)
-    for i in range(rank, batches, world):
-        rows = torch.from_numpy(val.batch(0, i, batch_size, context)).to(device)
-        with autocast():
-            loss_sum += model(rows, labels=rows).loss.float()
-    per_domain = {}
-    for domain, stream in domains.items():  # each token predicted once, as bits/char measures (training.nll)
-        if len(stream):
-            with autocast():
-                nats = token_nats(model, stream, val.end_id, window=context, batch=batch_size, part=(rank, world))
-            if world > 1:  # each rank filled its own windows and left the others at zero
-                nats = accelerator.reduce(torch.from_numpy(nats).to(device), "sum").cpu().numpy()
-            per_domain[domain] = float(nats.mean())
-    if world > 1:
-        loss_sum = accelerator.reduce(loss_sum, "sum")
-    model.train()
-    return {"val_loss": float(loss_sum) / batches, "val_domains": per_domain}
 
 
 def _check_options(cfg: PretrainConfig, world: int) -> None:
@@ -129,14 +85,11 @@ class Trainer:
         check_available(self.report_to)  # a missing tracker package is an error now, not an empty dashboard later
         index = load_index(data)
         self.corpus_sha256 = (index.get("corpus") or {}).get("sha256")  # the corpus the shards were encoded from
-        facts = device_facts(device_for(cfg.cpu))
-        if os.environ.get(DETERMINISTIC_ENV) and facts.type == "cuda":  # the kill test: same device, same bits
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS's first use
-            torch.use_deterministic_algorithms(True)
-        plan = plan_device(facts)
-        self.precision = precision = plan.precision if cfg.precision == "auto" else cfg.precision
-        check_precision(facts, precision)
-        self.accelerator = accelerator = make_accelerator(cfg.cpu, precision)
+        # the kill test asks for deterministic kernels on a GPU: same device, same bits
+        self.device = set_up(cfg.cpu, cfg.precision, deterministic=faults.active().deterministic)
+        facts, plan, self.precision = self.device.facts, self.device.plan, self.device.precision
+        precision, self.accelerator = self.precision, self.device.accelerator
+        accelerator = self.accelerator
         world, device = accelerator.num_processes, accelerator.device
         self.main, self.rank, self.world = accelerator.is_main_process, accelerator.process_index, world
         _check_options(cfg, world)
@@ -154,14 +107,11 @@ class Trainer:
                                               steps_for_hours(cfg, self.folder, accelerator, self.train_data,
                                                               self.context, self.compiled, plan.muon_dtype,
                                                               self.started)))
-            self.schedule = Schedule(cfg.lr, self.total_steps, cfg.schedule, cfg.warmup_frac, cfg.min_lr_ratio,
-                                     cfg.decay_frac)
+            self.schedule = cfg.schedule_for(cfg.lr, self.total_steps)
             fingerprint = trajectory_fingerprint(cfg, self.config, index, sha256_file(data / "shards_index.json"),
                                                  self.context, self.total_steps, precision)
-            torch.manual_seed(cfg.seed)
-            model = HitobanForCausalLM(self.config)
-            optimizer = build_optimizer(model, cfg.optimizer, self.schedule.lr(0), cfg.weight_decay,
-                                        cfg.adam_bias_correction, plan.muon_dtype)
+            model, optimizer = night.new_model_and_optimizer(self.config, cfg, self.schedule, plan.muon_dtype,
+                                                             seed=cfg.seed)
             # The trajectory is recorded once, in the fingerprint; `args` holds the rest of the options.
             args = {k: v for k, v in dataclasses.asdict(cfg).items()
                     if k not in ("data", "out") and k not in fingerprint}
@@ -179,8 +129,7 @@ class Trainer:
         self.resumed_from, self.resume_changes = self._resume(model, optimizer, fingerprint)
         self.folder.mkdir(parents=True, exist_ok=True)
         accelerator.wait_for_everyone()
-        self.model, self.optimizer = accelerator.prepare(model, optimizer)  # DDP-wrapped on several processes
-        place_step_counters(self.optimizer)
+        self.model, self.optimizer = night.prepare(accelerator, model, optimizer)  # DDP on several processes
         check_state_placement(self.optimizer)
         self.unwrapped = accelerator.unwrap_model(self.model)  # what evaluation and saving see (eager, shared)
         if self.compiled and device.type == "cpu":
@@ -193,7 +142,7 @@ class Trainer:
         eval_rows = cfg.eval_batches * self.eval_batch * (self.context + 1)
         self.val_domains = self.val.domain_streams(eval_rows) if self.val is not None else {}
         self.hardware = hardware_description(device, world, precision)
-        self.device_plan = {**plan.record(), "precision_used": precision, "compile": why}
+        self.device_plan = {**self.device.record(), "compile": why}
         self.tokenizer_dir = data / "tokenizer" if (data / "tokenizer").exists() else None
 
     def close(self) -> None:
@@ -269,7 +218,7 @@ class Trainer:
                                        last_saved_step=state.step if self.resumed_from is not None else -1)
         self.policy.stop.install()
         self._session_start, self._elapsed_before = time.time(), state.elapsed_sec
-        self._skew, inf_at = clock_skew(self.rank), planted_inf_step(self.rank)
+        self._skew, inf_at = faults.clock_skew(self.rank), faults.planted_inf_step(self.rank)
         monitor, policy = self.monitor, self.policy
         try:
             for step in range(state.step, self.total_steps):
@@ -312,12 +261,9 @@ class Trainer:
         """The update made after `step` updates: its LR and dropout seed are functions of the step, its rows of
         (seed, step); (loss, gradient norm) stay on the device."""
         cfg = self.cfg
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.schedule.lr(step)
-        self.model.train()
-        torch.manual_seed(step_seed(cfg.seed, step, self.rank))  # dropout noise: a pure function of (seed, step, rank)
         rows = self.train_data.batch(cfg.seed, step + 1, cfg.batch_size, self.context, self.rank, self.world)
-        return train_step(self.train_model, self.optimizer, self.accelerator, rows, cfg.grad_accum, cfg.grad_clip)
+        return night.update(self.train_model, self.optimizer, self.accelerator, rows, self.schedule.lr(step),
+                            night.step_seed(cfg.seed, step, self.rank), cfg.grad_accum, cfg.grad_clip)
 
     def elapsed(self) -> float:
         """Training time over all sessions."""
@@ -354,7 +300,7 @@ class Trainer:
         """Validation; a new best is saved and exported as final/. Every rank takes the same decision (the save is
         a collective), so the compared value is the mean over ranks."""
         accelerator, state = self.accelerator, self.state
-        result = evaluate(self.unwrapped, self.val, self.val_domains, self.cfg.eval_batches, self.eval_batch,
+        result = night.evaluate(self.unwrapped, self.val, self.val_domains, self.cfg.eval_batches, self.eval_batch,
                           self.context, accelerator.autocast, accelerator)
         if not result:
             return
@@ -377,12 +323,14 @@ class Trainer:
     def _announce(self) -> None:
         """config.json, the device and resume records, and the one-paragraph plan."""
         cfg, state, fp, monitor = self.cfg, self.state, self.state.fingerprint, self.monitor
-        write_json(self.folder / "config.json", {
-            "kind": "pretrain-run", "schema": 1, "run_id": state.run_id, "model": fp["model_config"],
-            "args": {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("data", "out")},
-            "data_index_sha256": fp["data_index_sha256"], "tokenizer_sha256": fp["tokenizer_sha256"],
-            "total_steps": self.total_steps, "tokens_per_step": self.tokens_per_step, "hardware": self.hardware,
-            "compiled": self.compiled, "device_plan": self.device_plan, "fingerprint": fp})
+        from hitoban.run_folder import RunFolder
+
+        RunFolder(self.folder).write_config(
+            "pretrain-run", given={k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("data", "out")},
+            resolved={"lr": cfg.lr, "precision": self.precision, "compile": self.compiled,
+                      "context": self.context, "total_steps": self.total_steps,
+                      "tokens_per_step": self.tokens_per_step},
+            run_id=state.run_id, fingerprint=fp, hardware=self.hardware, device_plan=self.device_plan)
         monitor.log({"type": "device", "step": state.step, "hardware": self.hardware, **self.device_plan})
         if self.resumed_from is not None:
             print(f"# resumed at step {state.step} (resume {state.resumes}, from {self.resumed_from.name})",
@@ -416,9 +364,10 @@ class Trainer:
                    "mfu_peak": self.peak_source, "compiled": self.compiled}
         if self.main:
             final_lineage = read_lineage(self.folder / "final") if (self.folder / "final").exists() else None
-            write_json(self.folder / "summary.json", {
-                "kind": "pretrain-summary", "schema": 1, "run_id": state.run_id, **summary,
-                "final_weights_sha256": (final_lineage or {}).get("weights_sha256"),
+            from hitoban.run_folder import RunFolder
+
+            RunFolder(self.folder).write_summary("pretrain-summary", {
+                "run_id": state.run_id, **summary, "final_weights_sha256": (final_lineage or {}).get("weights_sha256"),
                 "final_step": (final_lineage or {}).get("step")})
             skipped = (f" ({state.skipped_steps:,} fp16 overflow steps skipped by the gradient scaler: "
                        f"{state.step - state.skipped_steps:,} updates applied)" if state.skipped_steps else "")

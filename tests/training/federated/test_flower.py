@@ -17,6 +17,8 @@ import pytest
 
 pytest.importorskip("flwr", reason="the federated extra: pip install 'hitoban[federated]'")
 
+from hitoban.training import faults  # noqa: E402
+
 CTX, BATCH = 64, 8
 HITOBAN = [sys.executable, "-m", "hitoban.cli"]
 
@@ -92,7 +94,7 @@ def test_a_loopback_federation_survives_a_killed_machine_and_a_killed_server(tin
 
     server = launch(serve, tmp_path / "serve-1.log")
     a = join("a")
-    b = join("b", HITOBAN_TEST_FEDERATED_STEP_PAUSE="1.5")  # a slow machine: its tasks take seconds
+    b = join("b", **faults.to_env(federated_step_pause=1.5))  # a slow machine: its tasks take seconds
     stranger = join("stranger")
     assert stranger.wait(180) == 1
     assert "refused stranger: its public key is not registered" in (tmp_path / "stranger.log").read_text()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 
 import numpy as np
@@ -16,7 +15,8 @@ pytest.importorskip("flwr", reason="the federated extra: pip install 'hitoban[fe
 
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
-from hitoban.training.federated.client_app import PLANT_NAN_ENV, query_reply, train_reply  # noqa: E402
+from hitoban.training import faults  # noqa: E402
+from hitoban.training.federated.client_app import query_reply, train_reply  # noqa: E402
 from hitoban.training.federated.inner import REFUSED_FILE, Machine  # noqa: E402
 from hitoban.training.federated.options import ServeOptions  # noqa: E402
 from hitoban.training.federated.outer import DELTA, METRICS, TASK, WEIGHT  # noqa: E402
@@ -55,12 +55,8 @@ class LocalGrid:
             node = message.metadata.dst_node_id
             if (self.round, node) in self.silent:
                 continue
-            if node in self.nan:
-                os.environ[PLANT_NAN_ENV] = "1"
-            try:
+            with faults.scoped(federated_nan_delta=node in self.nan):
                 replies.append(self.tamper(node, train_reply(self.machines[node], message)))
-            finally:
-                os.environ.pop(PLANT_NAN_ENV, None)
         return replies
 
     def tamper(self, node: int, reply):

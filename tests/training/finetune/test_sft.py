@@ -326,10 +326,10 @@ def test_the_checkpoint_resumed_is_the_one_with_the_highest_step(tmp_path_factor
 def test_cpu_means_the_cpu_where_a_gpu_or_mac_is_present(monkeypatch):
     """Issue 34: `hitoban demo --cpu` still fine-tuned on a GPU or MPS when one was there. With both reported
     present, --cpu trains on the CPU in fp32; without it (the control) the Trainer is not told to use the CPU."""
-    from hitoban.training.finetune.sft import device_arguments
+    from hitoban.training.device import hf_trainer_precision
 
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
-    assert device_arguments(cpu=True) == {"use_cpu": True, "bf16": False, "fp16": False}
-    assert device_arguments(cpu=False)["use_cpu"] is False  # MPS: fp32 there (the device plan)
+    assert hf_trainer_precision(cpu=True) == {"use_cpu": True, "bf16": False, "fp16": False}
+    assert hf_trainer_precision(cpu=False)["use_cpu"] is False  # MPS: fp32 there (the device plan)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert device_arguments(cpu=True) == {"use_cpu": True, "bf16": False, "fp16": False}
+    assert hf_trainer_precision(cpu=True) == {"use_cpu": True, "bf16": False, "fp16": False}

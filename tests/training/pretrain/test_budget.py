@@ -37,17 +37,18 @@ def test_the_memory_estimate_counts_the_fp32_logits_and_the_cap_is_the_limit(tin
 def test_hours_measures_the_micro_batch_the_night_will_run(tiny_shards, monkeypatch):
     from accelerate import Accelerator
 
+    from hitoban.training import night
     from hitoban.training.pretrain import calibrate
     from hitoban.training.step import reset_accelerate_state
 
     seen = []
-    real = calibrate.train_step
+    real = night.update
 
-    def spy(model, optimizer, accelerator, rows, grad_accum, grad_clip):
+    def spy(model, optimizer, accelerator, rows, lr, dropout_seed, grad_accum, grad_clip):
         seen.append(len(rows) // grad_accum)
-        return real(model, optimizer, accelerator, rows, grad_accum, grad_clip)
+        return real(model, optimizer, accelerator, rows, lr, dropout_seed, grad_accum, grad_clip)
 
-    monkeypatch.setattr(calibrate, "train_step", spy)
+    monkeypatch.setattr(night, "update", spy)
     reset_accelerate_state(cpu=True)
     try:
         calibrate.measure("tiny", 8, 4000, 32, steps=2, warmup=1, accelerator=Accelerator(cpu=True), grad_accum=4,

@@ -177,8 +177,8 @@ def test_the_fp16_gradient_scalers_state_is_saved_and_restored(tmp_path):
     """Issue 34: the GradScaler's state was not in the checkpoint, so every resume restarted the scale at 65,536 (and
     its growth count at 0). After a few skipped overflow steps the scale is 2^13 and the count 3: a fresh scaler
     loaded from the slot must have exactly those; one loaded without it (the control) does not."""
+    from hitoban.training.optim import AdamW
     from hitoban.training.pretrain.checkpoint import TrainState, load_checkpoint, save_checkpoint
-    from hitoban.training.pretrain.optim import AdamW
 
     model, scaler = _tiny_model(), torch.amp.GradScaler("cpu", init_scale=2.0**16)
     optimizer = AdamW(model.parameters())
@@ -201,8 +201,8 @@ def test_the_fp16_gradient_scalers_state_is_saved_and_restored(tmp_path):
 
 
 def test_an_fp16_slot_without_scaler_state_is_refused_not_silently_reset(tmp_path):
+    from hitoban.training.optim import AdamW
     from hitoban.training.pretrain.checkpoint import TrainState, load_checkpoint, save_checkpoint
-    from hitoban.training.pretrain.optim import AdamW
 
     model = _tiny_model()
     optimizer = AdamW(model.parameters())
@@ -276,8 +276,8 @@ def _resume(run, intact):
     """load_latest into fresh objects (shaped by the `intact` run's config): (the slot resumed, or the error's
     message; the lines it printed)."""
     from hitoban.modeling import HitobanConfig, HitobanForCausalLM
+    from hitoban.training.optim import AdamW
     from hitoban.training.pretrain.checkpoint import load_latest
-    from hitoban.training.pretrain.optim import AdamW
 
     model = HitobanForCausalLM(HitobanConfig.from_pretrained(intact / "ckpt-A"))
     lines: list[str] = []

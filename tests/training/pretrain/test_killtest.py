@@ -40,16 +40,16 @@ def test_killtest_with_muon_and_wsd(tiny_shards, tmp_path):
     assert result["killed_bit_identical"] and result["fingerprint"]["optimizer"] == "muon"
 
 
-def test_restore_check_compares_memory_with_a_fresh_reload_and_can_fail(tiny_shards, tmp_path, monkeypatch):
+def test_restore_check_compares_memory_with_a_fresh_reload_and_can_fail(tiny_shards, tmp_path):
     """Check [A] used to reload a checkpoint and compare it with the same file. Now the digest is taken from the
     live objects before the save; a checkpoint that loses anything (here: one optimizer moment) must fail it."""
     from safetensors.torch import save_file
 
-    from hitoban.training.pretrain.checkpoint import STATE_DIGEST_ENV
+    from hitoban.training import faults
     from hitoban.training.pretrain.killtest import restore_check
 
-    monkeypatch.setenv(STATE_DIGEST_ENV, str(tmp_path))
-    pretrain(night_config(tiny_shards, tmp_path / "run", steps=4, eval_every=100))
+    with faults.scoped(state_digest_dir=tmp_path):
+        pretrain(night_config(tiny_shards, tmp_path / "run", steps=4, eval_every=100))
     slot = current_slot(tmp_path / "run")
     digest = tmp_path / "step-4.json"
     assert restore_check(slot, digest)["exact"]

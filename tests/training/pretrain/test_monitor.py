@@ -78,14 +78,14 @@ def test_an_fp16_overflow_is_a_skipped_step_not_divergence():
 
 @pytest.mark.slow
 def test_an_inf_loss_on_rank_one_only_stops_both_ranks_with_nothing_saved_past_it(tiny_shards, tmp_path):
+    from hitoban.training import faults
     from hitoban.training.pretrain.checkpoint import current_slot
-    from hitoban.training.pretrain.policy import INF_LOSS_ENV
 
     run = tmp_path / "run"
     args = ["pretrain", "--data", str(tiny_shards), "--preset", "tiny", "--context", "64", "--steps", "20",
             "--batch-size", "8", "--log-every", "5", "--save-every-steps", "5", "--eval-every", "100",
             "--no-progress", "--cpu", "--precision", "no", "--out", str(run)]
-    done = launch_hitoban(args, 2, tmp_path, timeout=240, **{INF_LOSS_ENV: "1:7"})
+    done = launch_hitoban(args, 2, tmp_path, timeout=240, **faults.to_env(inf_loss=(1, 7)))
     output = done.stdout + done.stderr
     assert done.returncode != 0
     assert output.count("became non-finite between steps 6 and 10") == 2, output[-3000:]  # both ranks, same words

@@ -40,12 +40,12 @@ def test_a_shared_decision_over_several_processes_never_waits_for_the_device(mon
 def test_ranks_with_skewed_clocks_stop_together(tiny_shards, tmp_path):
     """Each rank used to decide --max-hours from its own clock: rank 1 (clock 28 h ahead) stopped and saved while
     rank 0 went on training, and both waited forever in different collectives. The decision is now shared."""
-    from hitoban.training.pretrain.policy import CLOCK_SKEW_ENV
+    from hitoban.training import faults
 
     args = ["pretrain", "--data", str(tiny_shards), "--preset", "tiny", "--context", "64", "--steps", "12",
             "--batch-size", "8", "--eval-every", "100", "--no-progress", "--cpu", "--max-hours", "1",
             "--out", str(tmp_path / "skewed")]
-    done = launch_hitoban(args, 2, tmp_path, timeout=240, **{CLOCK_SKEW_ENV: "1:100000"})
+    done = launch_hitoban(args, 2, tmp_path, timeout=240, **faults.to_env(clock_skew=(1, 100000)))
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((current_slot(tmp_path / "skewed") / "train_state.json").read_text())["step"] == 1
     assert "pretrain stopped (max_hours) at step 1/12" in done.stdout

@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 import torch
 
+from hitoban.training.optim import AdamW
 from hitoban.training.pretrain.checkpoint import CheckpointError
-from hitoban.training.pretrain.optim import AdamW
 from hitoban.training.pretrain.options import PretrainConfig
 from hitoban.training.pretrain.trainer import pretrain
 
@@ -26,7 +26,8 @@ def _fused_adamw_with_state(param_device: str, step_device: str):
 
 def test_after_a_resume_a_fused_groups_state_sits_on_its_parameters_device():
     """A 'meta' parameter stands in for a GPU one: the state that resume used to leave on the CPU is found."""
-    from hitoban.training.pretrain.resume import check_state_placement, place_step_counters
+    from hitoban.training.optim import place_step_counters
+    from hitoban.training.pretrain.resume import check_state_placement
 
     param, optimizer = _fused_adamw_with_state("meta", "cpu")  # what `step.cpu()` after prepare() left
     with pytest.raises(CheckpointError, match=r"'step' of a \(3,\) parameter is on cpu"):

@@ -42,7 +42,11 @@ def test_pretrain_end_to_end_writes_a_loadable_model_and_logs(tiny_shards, tmp_p
     assert heartbeat["finished"] and heartbeat["stop_reason"] == "budget" and heartbeat["step"] == 30
     saved = json.loads((current_slot(run) / "train_state.json").read_text())
     assert saved["step"] == 30 and saved["tokens_seen"] == 30 * 8 * 64
-    assert json.loads((run / "config.json").read_text())["data_index_sha256"] == saved["data_index_sha256"]
+    config = json.loads((run / "config.json").read_text())  # schema 2: the options as given, what they resolved to
+    assert config["schema"] == 2 and config["fingerprint"]["data_index_sha256"] == saved["data_index_sha256"]
+    assert config["given"]["steps"] == 30 and config["given"]["precision"] == "auto"
+    assert config["resolved"]["total_steps"] == 30 and config["resolved"]["precision"] in ("no", "bf16", "fp16")
+    assert "lr" not in config["resolved"] and config["given"]["lr"] == 3e-3  # each value once
     model = AutoModelForCausalLM.from_pretrained(run / "final")
     tok = AutoTokenizer.from_pretrained(run / "final")
     metrics = json.loads((run / "final" / "metrics.json").read_text())
@@ -102,7 +106,7 @@ def test_resume_with_dropout_is_bit_identical(tiny_shards, tmp_path):
     # negative control: without the per-step seeding the same interruption would differ; a different dropout
     # stream (another seed for the masks) is visible in the weights
     other = night_config(tiny_shards, tmp_path / "other", steps=8, dropout=0.1, eval_every=100)
-    from hitoban.training.pretrain import trainer as pretrain_module
+    from hitoban.training import night as pretrain_module
 
     original = pretrain_module.step_seed
     try:
@@ -210,10 +214,12 @@ def test_sigterm_saves_at_the_next_step_and_exits_cleanly(tiny_shards, tmp_path)
 
 @pytest.mark.slow
 def test_two_process_ddp_matches_one_process_and_resumes_in_one(tiny_shards, tmp_path):
-    # fp32, Muon's Newton-Schulz included (HITOBAN_CPU_BF16=0): the comparison is of DDP's arithmetic (2 x 4 rows vs
+    # fp32, Muon's Newton-Schulz included (the cpu_bf16 hook off): the comparison is of DDP's arithmetic (2 x 4 rows vs
     # 8 rows, ~2e-7 here). bf16 autocast alone moves that by ~6e-4, and a bf16 Newton-Schulz (the plan on a CPU with
     # native bf16) by ~1e-4 on an AMD EPYC, which is rounding of the orthogonalisation, not DDP.
-    exact = {"HITOBAN_CPU_BF16": "0"}
+    from hitoban.training import faults
+
+    exact = faults.to_env(cpu_bf16=False)
     common = ["pretrain", "--data", str(tiny_shards), "--preset", "tiny", "--context", "64", "--steps", "12",
               "--batch-size", "8", "--log-every", "4", "--eval-every", "100", "--no-progress", "--cpu",
               "--precision", "no"]

@@ -1,4 +1,4 @@
-"""The night's optimizers (training/pretrain/optim.py): AdamW without bias correction is MLX's update, Muon's
+"""The night's optimizers (training/optim.py): AdamW without bias correction is MLX's update, Muon's
 Newton-Schulz in the plan's dtype, and the fp16 scaler's skipped step."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from hitoban.training import hardware
-from hitoban.training.pretrain.optim import AdamW
+from hitoban.training import faults
+from hitoban.training.optim import AdamW
 from hitoban.training.pretrain.options import PretrainConfig
 from hitoban.training.pretrain.trainer import pretrain
 
@@ -30,7 +30,7 @@ class DtypeRecorder(TorchDispatchMode):
 
 
 def _muon_pair(ns_dtype):
-    from hitoban.training.pretrain.optim import Muon
+    from hitoban.training.optim import Muon
 
     torch.manual_seed(0)
     ours = [torch.nn.Parameter(torch.randn(48, 32)), torch.nn.Parameter(torch.randn(16, 40))]
@@ -90,12 +90,11 @@ def test_muon_in_bf16_is_torchs_muon_bit_for_bit_and_in_fp32_touches_no_bf16():
 
 
 @pytest.mark.slow
-def test_a_night_on_a_cpu_without_native_bf16_runs_muon_in_fp32_and_says_so(tiny_shards, tmp_path, monkeypatch):
-
-    monkeypatch.setenv(hardware.CPU_BF16_ENV, "0")
+def test_a_night_on_a_cpu_without_native_bf16_runs_muon_in_fp32_and_says_so(tiny_shards, tmp_path):
     run = tmp_path / "run"
-    pretrain(PretrainConfig(data=str(tiny_shards), out=str(run), preset="tiny", context=64, batch_size=8, steps=2,
-                            eval_every=100, progress=False, cpu=True, compile="off"))
+    with faults.scoped(cpu_bf16=False):
+        pretrain(PretrainConfig(data=str(tiny_shards), out=str(run), preset="tiny", context=64, batch_size=8,
+                                steps=2, eval_every=100, progress=False, cpu=True, compile="off"))
     device = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()
               if json.loads(line)["type"] == "device"]
     assert device and device[0]["muon_dtype"] == "float32" and device[0]["precision_used"] == "no"
@@ -105,7 +104,7 @@ def test_a_night_on_a_cpu_without_native_bf16_runs_muon_in_fp32_and_says_so(tiny
 
 
 def test_adamw_without_bias_correction_skips_an_fp16_overflow_step():
-    from hitoban.training.pretrain.optim import AdamW
+    from hitoban.training.optim import AdamW
 
     for bias_correction in (False, True):
         param = torch.nn.Parameter(torch.ones(4))

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from hitoban.errors import CheckpointError
+
 
 class AdamW(torch.optim.AdamW):
     """torch AdamW, plus `bias_correction=False` for 3LM's MLX semantics (decay on every parameter)."""
@@ -181,3 +183,88 @@ def build_optimizer(model: torch.nn.Module, name: str = "adamw", lr: float = 6e-
     muon = Muon(hidden, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw",
                 ns_dtype=getattr(torch, muon_dtype))
     return Hybrid([muon, AdamW(rest, lr=lr, weight_decay=weight_decay, bias_correction=bias_correction)])
+
+
+# ------------------------------------------------ where a restored optimizer state must sit (resume, a machine's)
+def state_device(group: dict, param: torch.Tensor, key: str) -> torch.device:
+    """Where an optimizer reads one state tensor: a fused or capturable AdamW reads everything, `step` included, on
+    the parameter's device (torch's own load_state_dict keeps it there for them); a plain (for-each) one reads `step`
+    on the CPU (on the device it costs a host sync per parameter per step) and the rest on the parameter's device."""
+    on_device = group.get("fused") or group.get("capturable") or key != "step"
+    return param.device if on_device else torch.device("cpu")
+
+
+def place_step_counters(optimizer: torch.optim.Optimizer) -> None:
+    """Put each restored `step` counter where its optimizer reads it (`state_device`): Accelerate's prepare() moves
+    the whole restored state to the device, and a fused AdamW fails at its first step with `step` anywhere else."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state.get(param) or {}
+            if torch.is_tensor(state.get("step")):
+                state["step"] = state["step"].to(state_device(group, param, "step"))
+
+
+# ---------------------------------------- optimizer state as named tensors (a checkpoint's, a federated machine's)
+STATE_NAMES = {"exp_avg": "m", "exp_avg_sq": "v", "momentum_buffer": "momentum"}  # AdamW's m, v; Muon's momentum
+
+
+SCALER_PREFIX = "scaler."  # fp16's GradScaler: scale, growth tracker and its settings (GradScaler.state_dict)
+
+
+def optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler=None
+                      ) -> dict[str, torch.Tensor]:
+    """Flatten optimizer state into `<param name>.m` / `.v` (AdamW) or `.momentum` (Muon) plus `step` and `lr`
+    (3LM's optimizer.safetensors, extended); `stateful`, how many parameters had state (0 for an optimizer that
+    keeps none, such as SGD without momentum); and under fp16 the gradient scaler's state (`scaler.*`), without
+    which a resumed run would start again at a scale of 65,536 and skip the overflow steps the uninterrupted run
+    had already left behind."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    tensors: dict[str, torch.Tensor] = {}
+    step = stateful = 0
+    for group in optimizer.param_groups:
+        tensors["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float64)
+        for p in group["params"]:
+            state = optimizer.state.get(p)
+            if not state:
+                continue
+            stateful += 1
+            for key, short in STATE_NAMES.items():
+                if key in state:
+                    tensors[f"{names[id(p)]}.{short}"] = state[key].detach().contiguous()
+            if "step" in state:
+                step = int(state["step"])
+    tensors["step"] = torch.tensor(step, dtype=torch.int64)
+    tensors["stateful"] = torch.tensor(stateful, dtype=torch.int64)
+    if scaler is not None and scaler.is_enabled():
+        for key, value in scaler.state_dict().items():
+            tensors[SCALER_PREFIX + key] = torch.tensor(value, dtype=torch.float64)  # exact for these ints and floats
+    return tensors
+
+
+def load_optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer, tensors: dict,
+                           scaler=None) -> int:
+    """Restore every moment, the step and (fp16) the gradient scaler bit for bit; returns the step. Missing entries
+    are an error, not a silent reset: only an optimizer that kept no state at all (`stateful` 0) has none."""
+    step = int(tensors["step"])
+    stateless = "stateful" in tensors and int(tensors["stateful"]) == 0
+    for name, p in model.named_parameters():
+        saved = {key: tensors[f"{name}.{short}"] for key, short in STATE_NAMES.items() if f"{name}.{short}" in tensors}
+        if not saved:
+            if stateless:
+                optimizer.state.pop(p, None)
+                continue
+            raise CheckpointError(f"optimizer state has no moments for {name}")
+        state = {key: value.clone() for key, value in saved.items()}
+        if "exp_avg" in state:
+            state["step"] = torch.tensor(float(step))
+        optimizer.state[p] = state
+    for group in optimizer.param_groups:
+        group["lr"] = float(tensors["lr"])
+    if scaler is not None and scaler.is_enabled():
+        saved = {k[len(SCALER_PREFIX):]: v for k, v in tensors.items() if k.startswith(SCALER_PREFIX)}
+        if not saved:
+            raise CheckpointError("this fp16 run's checkpoint has no gradient scaler state (written by an older "
+                                  "hitoban): resuming would restart the scale; start over with --resume never")
+        scaler.load_state_dict({k: int(v) if k in ("growth_interval", "_growth_tracker") else float(v)
+                                for k, v in saved.items()})
+    return step

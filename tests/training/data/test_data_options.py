@@ -1,0 +1,71 @@
+"""training/data/options.py: `hitoban corpus`, `tokenizer` and `shards` take every default from the library that
+uses it (read here from the library itself), and refuse values outside today's ranges in one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+from option_edges import accepts, check_edges
+
+from hitoban.training.data import corpus, shards, tokenizer
+from hitoban.training.data.filters import FilterSettings
+from hitoban.training.data.options import CorpusOptions, ShardsOptions, TokenizerOptions
+
+
+def defaults(function) -> dict:
+    return {name: p.default for name, p in inspect.signature(function).parameters.items()}
+
+
+def test_corpus_defaults_are_the_filters_and_the_corpus_builders():
+    options, filters = CorpusOptions(out="o"), FilterSettings()
+    assert (options.min_chars, options.max_chars, options.min_ja_ratio, options.near_dup, options.keep_newlines) == (
+        filters.min_chars, filters.max_chars, filters.min_japanese_ratio, filters.near_dup_threshold,
+        filters.keep_newlines)
+    assert options.filter_settings() == filters  # the command line's defaults filter as the library's do
+    assert dataclasses.replace(options, near_dup=0).filter_settings().near_dup_threshold is None  # 0 turns it off
+    source = corpus.Source(name="x", license="y")
+    assert (options.text_field, options.encoding, options.errors) == (source.text_field, source.encoding,
+                                                                      source.errors)
+    assert options.license == defaults(corpus.local_source)["license"]
+    built = defaults(corpus.build_corpus)
+    assert (options.seed, options.mask_pii, options.target_chars) == (built["seed"], built["mask_pii"],
+                                                                      built["target_chars"])
+    field = {f.name: f for f in dataclasses.fields(CorpusOptions)}
+    assert tuple(field["source"].metadata["choices"]) == tuple(corpus.HUB_SOURCES)
+
+
+def test_tokenizer_and_shards_defaults_are_their_libraries():
+    options, trained = TokenizerOptions(corpus="c", out="o"), defaults(tokenizer.train_tokenizer_from_corpus)
+    assert (options.vocab_size, options.max_chars, options.seed, options.context) == (
+        trained["vocab_size"], trained["max_chars"], trained["seed"], trained["model_max_length"])
+    assert isinstance(options.max_chars, float)  # as before: --max-chars 3e8 is a float on the command line
+    options, built = ShardsOptions(), defaults(shards.build_shards)
+    assert (options.shard_tokens, options.seed, options.val_every, options.max_heldout_docs, options.context,
+            options.dtype) == (built["shard_tokens"], built["seed"], built["val_every"], built["max_heldout_docs"],
+                               built["context"], built["dtype"])
+    assert str(shards.dtype_for_vocab(70_000)) in ShardsOptions.__dataclass_fields__["dtype"].metadata["choices"]
+
+
+def test_the_command_line_gives_the_dataclass_defaults():
+    assert accepts("corpus", CorpusOptions, ["--out", "o"]) == CorpusOptions(out="o")
+    assert accepts("tokenizer", TokenizerOptions, ["--corpus", "c", "--out", "o"]) == TokenizerOptions(
+        corpus="c", out="o")
+    assert accepts("shards", ShardsOptions, []) == ShardsOptions()
+    parsed = accepts("corpus", CorpusOptions, ["--out", "o", "--source", "aozora", "--source", "fineweb2-ja",
+                                               "--no-pii-mask", "--share", "aozora=0.2", "--input", "a", "b"])
+    assert (parsed.source, parsed.mask_pii, parsed.share, parsed.input) == (
+        ["aozora", "fineweb2-ja"], False, ["aozora=0.2"], ["a", "b"])
+
+
+def test_ranges_at_their_edges(capsys):
+    check_edges("corpus", CorpusOptions, ["--out", "o"], {
+        "--min-chars": (["0"], ["-1"]), "--max-chars": (["1"], ["0"]),
+        "--min-ja-ratio": (["0", "1"], ["-0.01", "1.01"]), "--near-dup": (["0", "1"], ["-0.01", "1.01"]),
+        "--target-chars": (["1e-06"], ["0", "-5"]), "--seed": (["0"], ["-1"])}, capsys)
+    check_edges("tokenizer", TokenizerOptions, ["--corpus", "c", "--out", "o"], {
+        "--vocab-size": (["260"], ["259", "0"]), "--max-chars": (["1e-06"], ["0"]), "--context": (["2"], ["1"]),
+        "--seed": (["0"], ["-1"])}, capsys)
+    check_edges("shards", ShardsOptions, [], {
+        "--shard-tokens": (["1"], ["0"]), "--val-every": (["2"], ["1"]), "--max-heldout-docs": (["0"], ["-1"]),
+        "--context": (["2"], ["1"]), "--seed": (["0"], ["-1"])}, capsys)
