@@ -78,23 +78,12 @@ def chat_loop(model, tokenizer, read_line: Callable[[], str | None], write: Call
             write("\n")
 
 
-def chat_dtype(precision: str, device_type: str):
-    """bf16 weights where the hardware multiplies bf16 natively: decoding one token reads every weight once, so
-    half the bytes is about twice the tokens per second (the README's `hitoban chat` row has the measurement). Replies
-    then come from the bf16 model (`--precision no` keeps fp32)."""
-    import torch
-
-    from hitoban.training.hardware import plan_for
-
-    chosen = plan_for(device_type).weights_dtype if precision == "auto" else {"bf16": "bfloat16"}.get(precision)
-    return torch.bfloat16 if chosen == "bfloat16" else None
-
-
 def run_chat(model_dir: str, precision: str = "auto") -> None:
     from hitoban.modeling.loading import device_for, load_model_and_tokenizer
+    from hitoban.training.device import decoding_dtype
 
     device = device_for()
-    model, tok = load_model_and_tokenizer(model_dir, device, chat_dtype(precision, device.type),
+    model, tok = load_model_and_tokenizer(model_dir, device, decoding_dtype(precision, device),
                                           chat_template=True)
 
     def read_line():

@@ -7,8 +7,10 @@ best (or last) model, a `from_pretrained` folder with its lineage.json.
                    as the command held them, "resolved": the values decided from them that the options do not hold
                    (precision used, compile, context, total steps, ...), "fingerprint": the trajectory a resume must
                    share, "hardware", "device_plan", ...}. Each value once: a resolved value equal to the given one is
-                   not repeated (`setting` reads either). Schema 1 (until 2026-12: "args" + the same values again at
-                   the top) still reads, as the same view.
+                   not repeated (`setting` reads either); the fingerprint stores its identities (model, tokenizer,
+                   data) and only names the settings it shares (`from_settings`); the device plan leaves out the
+                   precision used. `run_config` reads them back whole. Schema 1 (until 2026-12: "args" + the same
+                   values again at the top) still reads, as the same view.
   log.jsonl        append-only records, one JSON object a line, each with its "type" (train, eval, resume, round, ...)
   heartbeat.json   an atomic progress snapshot (`hitoban watch`); a federated run's says "kind": "federated-heartbeat"
   summary.json     the run's outcome, written when it stops
@@ -31,6 +33,7 @@ CONFIG, LOG, HEARTBEAT, SUMMARY, FINAL = "config.json", "log.jsonl", "heartbeat.
 CONFIG_SCHEMA, SUMMARY_SCHEMA = 2, 1
 RUN_KINDS = ("pretrain-run", "federated-run")
 FEDERATED_HEARTBEAT = "federated-heartbeat"
+FROM_SETTINGS = "from_settings"  # config.json's fingerprint: the names whose values given/resolved hold
 
 NUMBER = (int, float)
 # what `hitoban watch` prints of a heartbeat, by kind; each checked for its type when the heartbeat is read
@@ -52,7 +55,7 @@ def run_config(data: dict, where: str = CONFIG) -> dict:
     "resolved" (a federated run's kind becomes "federated-run")."""
     check_fields(data, {}, where)
     if data.get("schema", 1) >= 2:
-        return check_fields(data, {"kind": str, "given": dict, "resolved": dict}, where)
+        return _whole(check_fields(data, {"kind": str, "given": dict, "resolved": dict}, where), where)
     args = data.get("args") or {}
     if not isinstance(args, dict):
         raise InputError(f"{where}: field 'args' is {repr(args)[:40]}, not an object; the file is damaged")
@@ -69,6 +72,26 @@ def run_config(data: dict, where: str = CONFIG) -> dict:
     return {"kind": kind, "schema": data.get("schema", 1), "run_id": data.get("run_id"), "given": args,
             "resolved": resolved, "fingerprint": fingerprint,
             **{k: v for k, v in data.items() if k not in _SCHEMA1_MOVED and k not in ("run_id", "fingerprint")}}
+
+
+def _whole(config: dict, where: str) -> dict:
+    """Schema 2 as written (`write_config`) with the fingerprint and device plan whole again: the settings they
+    share with given/resolved, stored there once, filled back in by name."""
+    view = dict(config)
+    fingerprint = view.get("fingerprint")
+    if isinstance(fingerprint, dict) and FROM_SETTINGS in fingerprint:
+        names = fingerprint[FROM_SETTINGS]
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise InputError(f"{where}: fingerprint field {FROM_SETTINGS!r} is not a list of names; the file is "
+                             f"damaged")
+        view["fingerprint"] = {**{k: v for k, v in fingerprint.items() if k != FROM_SETTINGS},
+                               **{n: setting(config, n) for n in names}}
+    plan = view.get("device_plan")
+    used = setting(config, "precision")
+    if isinstance(plan, dict) and used is not None:
+        auto = config.get("given", {}).get("precision") == "auto"
+        view["device_plan"] = {**({"precision": used} if auto else {}), **plan, "precision_used": used}
+    return view
 
 
 def setting(config: dict, name: str, default=None):
@@ -119,17 +142,30 @@ class RunFolder:
         return self.path / FINAL
 
     # ------------------------------------------------------------------------------------------------ writing
-    def write_config(self, kind: str, given: dict, resolved: dict, **facts) -> Path:
-        """config.json (atomic): the options as given, the values decided from them (a resolved value equal to its
-        given one is left out: each value once), and the run's facts (run_id, fingerprint, hardware, ...)."""
+    def write_config(self, kind: str, given: dict, resolved: dict, fingerprint: dict | None = None,
+                     device_plan: dict | None = None, **facts) -> Path:
+        """config.json (atomic), each value once: the options as given; the values decided from them (one equal to
+        its given value is left out); the fingerprint's identities (model, tokenizer, data) with, by name only, the
+        settings it shares with given/resolved; the device plan without the precision used (resolved holds it).
+        `run_config` reads the whole fingerprint and plan back."""
         if kind not in RUN_KINDS:
             raise ValueError(f"config.json: kind {kind!r} is not one of {RUN_KINDS}")
         clash = sorted(set(facts) & {"kind", "schema", "given", "resolved"})
         if clash:
             raise ValueError(f"config.json: facts {clash} would overwrite the config's own fields")
         resolved = {k: v for k, v in resolved.items() if k not in given or given[k] != v}
-        return write_json(self.config_path, {"kind": kind, "schema": CONFIG_SCHEMA, "given": given,
-                                             "resolved": resolved, **facts})
+        view = {"given": given, "resolved": resolved}
+        if fingerprint is not None:
+            shared = sorted(k for k, v in fingerprint.items() if k in given or k in resolved
+                            if setting(view, k) == v)
+            facts["fingerprint"] = {**{k: v for k, v in fingerprint.items() if k not in shared},
+                                    FROM_SETTINGS: shared}
+        if device_plan is not None:
+            used, asked = setting(view, "precision"), given.get("precision")
+            facts["device_plan"] = {k: v for k, v in device_plan.items()  # with `auto` the plan's is the one used
+                                    if not (k == "precision_used" and used == v)
+                                    and not (k == "precision" and asked == "auto" and used == v)}
+        return write_json(self.config_path, {"kind": kind, "schema": CONFIG_SCHEMA, **view, **facts})
 
     def log(self, record: dict) -> None:
         """Append one record to log.jsonl, flushed: a crash loses at most the line being written, which readers

@@ -1,7 +1,7 @@
 """The device component: its options (`--precision`, `--compile`, `--cpu`, `--memory-cap-gb`,
 `--skip-memory-check`) and the one place they are resolved against the machine's device plan
 (`training/hardware.py: plan_device`), for every verb that runs a model: pretrain, calibrate, a federated machine's
-tasks, sft and tone, chat.
+tasks, sft and tone, chat (`decoding_dtype`).
 
 The options are each machine's own (`machine=True` on the field): a federated server does not offer them and a
 joining machine decides them for itself. Standard library only at import (`hitoban --help` builds every parser
@@ -94,6 +94,23 @@ def hf_trainer_precision(cpu: bool, precision: str = "auto") -> dict:
     return {"use_cpu": device.type == "cpu", "bf16": used == "bf16", "fp16": used == "fp16"}
 
 
+def decoding_dtype(precision: str, device) -> Any:
+    """The dtype `hitoban chat` loads weights in (None: the checkpoint's fp32), from the same resolution as
+    training: `auto` decodes in bf16 exactly where the plan has native bf16 (decoding one token reads every weight
+    once, so half the bytes is about twice the tokens per second; the README's `hitoban chat` row); an explicit
+    `bf16` is checked against the hardware like a training run's."""
+    import torch
+
+    from hitoban.training.hardware import device_facts, plan_device
+
+    facts = device_facts(device)
+    if precision == "auto":
+        chosen = plan_device(facts).weights_dtype
+    else:
+        chosen = "bfloat16" if resolve_precision(precision, facts) == "bf16" else "float32"
+    return torch.bfloat16 if chosen == "bfloat16" else None
+
+
 def machine_fields(cls: type) -> tuple[str, ...]:
     """The fields of an options dataclass that each machine decides for itself (declared `machine=True`)."""
     import dataclasses
@@ -101,5 +118,5 @@ def machine_fields(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("machine"))
 
 
-__all__ = ["PRECISIONS", "Device", "DeviceOptions", "hf_trainer_precision", "machine_fields", "resolve_precision",
-           "set_up"]
+__all__ = ["PRECISIONS", "Device", "DeviceOptions", "decoding_dtype", "hf_trainer_precision", "machine_fields",
+           "resolve_precision", "set_up"]

@@ -19,6 +19,13 @@ DEFAULT_LR = {"muon": 2e-3, "adamw": 6e-4}  # adamw: 3LM's; muon: kept for the s
 PRESET_LR = {("muon", "small"): 8e-3}
 
 
+def _lr_help() -> str:
+    """--lr's help, written from the tables above (a default is never restated by hand)."""
+    measured = ", ".join(f"{lr:g} at the {preset} preset" for (opt, preset), lr in PRESET_LR.items() if opt == "muon")
+    return (f"peak learning rate (default: with muon {measured}, {DEFAULT_LR['muon']:g} at the others; "
+            f"{DEFAULT_LR['adamw']:g} with adamw, 3LM's)")
+
+
 def default_lr(optimizer: str, preset: str) -> float | None:
     """The peak lr a run gets without --lr: the measured one for this optimizer and shape, else the optimizer's."""
     return PRESET_LR.get((optimizer, preset), DEFAULT_LR.get(optimizer))
@@ -28,8 +35,7 @@ def default_lr(optimizer: str, preset: str) -> float | None:
 class OptimizerOptions(Checked):
     """How the weights are updated. `lr` is None until `resolve_lr` gives it the shape's default."""
 
-    lr: float | None = option(None, "peak learning rate (default: with muon 8e-3 at the small preset, 2e-3 at the "
-                                    "others; 3LM's 6e-4 with adamw)", above=0, trajectory=True)
+    lr: float | None = option(None, _lr_help(), above=0, trajectory=True)
     weight_decay: float = option(0.1, "decoupled weight decay", min=0, trajectory=True)
     grad_clip: float = option(1.0, "clip the gradient norm (0: off)", min=0, trajectory=True)
     adam_bias_correction: bool = option(True, "AdamW without bias correction (3LM/MLX semantics: smaller first "

@@ -31,7 +31,9 @@ def test_config_round_trips_each_value_once(tmp_path):
     assert raw["kind"] == "pretrain-run" and raw["schema"] == 2 and raw["given"] == given
     assert raw["resolved"] == {"precision": "no", "compile": False, "context": 64, "total_steps": 30}  # lr: given
     config = folder.config()
-    assert config == raw and config["run_id"] == "abc" and config["fingerprint"] == FINGERPRINT
+    assert {k: v for k, v in config.items() if k != "fingerprint"} == {k: v for k, v in raw.items()
+                                                                        if k != "fingerprint"}
+    assert config["run_id"] == "abc" and config["fingerprint"] == FINGERPRINT
     assert setting(config, "lr") == 3e-3 and setting(config, "precision") == "no" and setting(config, "steps") == 30
     assert setting(config, "nothing", "default") == "default"
     with pytest.raises(ValueError, match="kind"):
@@ -153,3 +155,38 @@ def test_the_card_reads_a_run_config_of_either_schema(tmp_path):
         assert _recipe(run.data) == "Muon on hidden matrices + AdamW on the rest, warmup-stable-decay schedule, " \
                                     "peak lr 0.008"
         assert setting(run.data, "tokens_per_step") == 512 and run.data["fingerprint"] == FINGERPRINT
+
+
+def test_config_json_holds_each_setting_once_and_reads_back_whole(tmp_path):
+    """Issue 36: --precision was held four times in config.json with two values, --lr three times. Written once
+    (given or resolved), the fingerprint and device plan name them and the view fills them back in."""
+    folder = RunFolder(tmp_path / "run")
+    given = {"lr": 2e-3, "precision": "auto", "context": None, "optimizer": "muon"}
+    fingerprint = {**FINGERPRINT, "lr": 2e-3, "precision": "bf16", "context": 64, "optimizer": "muon",
+                   "total_steps": 30}
+    plan = {"precision": "bf16", "bf16_native": True, "muon_dtype": "bfloat16", "precision_used": "bf16"}
+    folder.write_config("pretrain-run", given, {"precision": "bf16", "context": 64, "total_steps": 30},
+                        run_id="r", fingerprint=fingerprint, device_plan=plan)
+    text = folder.config_path.read_text()
+    raw = json.loads(text)
+    assert text.count('"bf16"') == 1 and text.count("0.002") == 1  # precision used and lr: once each
+    assert raw["fingerprint"]["from_settings"] == ["context", "lr", "optimizer", "precision", "total_steps"]
+    view = folder.config()
+    assert view["fingerprint"] == fingerprint and view["device_plan"] == plan
+    # an explicit precision that differs from the plan's: both facts kept, each once
+    folder.write_config("pretrain-run", {**given, "precision": "no"}, {"context": 64, "total_steps": 30},
+                        run_id="r", fingerprint={**fingerprint, "precision": "no"},
+                        device_plan={**plan, "precision_used": "no"})
+    view = folder.config()
+    assert view["device_plan"]["precision"] == "bf16" and view["device_plan"]["precision_used"] == "no"
+    assert view["fingerprint"]["precision"] == "no"
+
+
+def test_negative_control_a_fingerprint_value_not_in_the_settings_is_stored(tmp_path):
+    """A fingerprint value that differs from the run's setting is never dropped for a name: the resume's identity
+    must read back as it was, or the card's kill-test match would compare the wrong thing."""
+    folder = RunFolder(tmp_path)
+    folder.write_config("pretrain-run", {"lr": 2e-3}, {}, fingerprint={"lr": 3e-3, "model_config": {}})
+    raw = json.loads(folder.config_path.read_text())
+    assert raw["fingerprint"]["lr"] == 3e-3 and raw["fingerprint"]["from_settings"] == []
+    assert folder.config()["fingerprint"] == {"lr": 3e-3, "model_config": {}}

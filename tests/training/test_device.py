@@ -53,6 +53,27 @@ def test_the_hf_trainer_gets_fp32_on_a_cpu_unless_asked(monkeypatch):
     assert hf_trainer_precision(cpu=True, precision="bf16") == {"use_cpu": True, "bf16": True, "fp16": False}
 
 
+@given(MACHINES, st.sampled_from(("auto", "no", "bf16")))
+def test_chat_decodes_in_the_dtype_the_same_resolution_gives(facts, requested):
+    """`hitoban chat --precision`: auto is the plan's weights dtype, an explicit bf16 is checked against the hardware
+    as a training run's is (it had its own table before, and took bf16 where training refuses it)."""
+    import torch
+
+    from hitoban.training import hardware
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hardware, "device_facts", lambda device: facts)
+        try:
+            dtype = device_module.decoding_dtype(requested, facts.type)
+        except UsageError:
+            assert requested == "bf16"  # refused exactly as a training run with --precision bf16 is
+            with pytest.raises(UsageError):
+                resolve_precision("bf16", facts)
+            return
+    expected = {"auto": plan_device(facts).weights_dtype == "bfloat16", "no": False, "bf16": True}[requested]
+    assert dtype == (torch.bfloat16 if expected else None)
+
+
 def calls_outside(name: str, allowed: set[str]) -> list[str]:
     """file:line of every call of `name` in product code outside the `allowed` files."""
     found = []

@@ -48,3 +48,13 @@ def test_schedule_for_is_the_schedule_of_the_options():
     assert options.schedule_for(1e-3, 500) == Schedule(1e-3, 500, "cosine", 0.1, 0.2, 0.3)
     with pytest.raises(Exception, match="--warmup-frac"):
         ScheduleOptions(warmup_frac=2.0)
+
+
+def test_lr_help_is_written_from_the_defaults_table(monkeypatch):
+    """--lr's default lives in one table; the help is made from it (a changed default cannot leave the help stale)."""
+    from hitoban.training import optimizer
+
+    help_text = optimizer.OptimizerOptions.__dataclass_fields__["lr"].metadata["help"]
+    assert all(f"{lr:g}" in help_text for lr in (*optimizer.DEFAULT_LR.values(), *optimizer.PRESET_LR.values()))
+    monkeypatch.setitem(optimizer.PRESET_LR, ("muon", "small"), 5e-3)  # negative control: a new default, new help
+    assert "0.005 at the small preset" in optimizer._lr_help()

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hitoban.cli import main
+from hitoban.run_folder import RunFolder
 from hitoban.training import hardware
 from hitoban.training.pretrain.checkpoint import CheckpointError, current_slot
 from hitoban.training.pretrain.options import PretrainConfig
@@ -47,6 +48,10 @@ def test_pretrain_end_to_end_writes_a_loadable_model_and_logs(tiny_shards, tmp_p
     assert config["given"]["steps"] == 30 and config["given"]["precision"] == "auto"
     assert config["resolved"]["total_steps"] == 30 and config["resolved"]["precision"] in ("no", "bf16", "fp16")
     assert "lr" not in config["resolved"] and config["given"]["lr"] == 3e-3  # each value once
+    stored = [k for k in ("lr", "precision") if k in config["fingerprint"]] + [
+        k for k in ("precision_used",) if k in config["device_plan"]]
+    assert stored == [] and {"lr", "precision"} <= set(config["fingerprint"]["from_settings"])
+    assert RunFolder(run).config()["fingerprint"] == saved["fingerprint"]  # read back whole: the resume's identity
     model = AutoModelForCausalLM.from_pretrained(run / "final")
     tok = AutoTokenizer.from_pretrained(run / "final")
     metrics = json.loads((run / "final" / "metrics.json").read_text())
