@@ -51,7 +51,8 @@ def federated(shards: Path, out: Path, machines: int, tokens: int, inner_steps: 
     port = free_port()
     started = time.time()
     threads = str(max(1, (os.cpu_count() or 2) // machines))
-    server = subprocess.Popen(CLI + ["federate", "serve", "--data", str(shards), "--out", str(out / "run"), *shape,
+    server = subprocess.Popen(CLI + ["federate", "serve", "--data", str(shards), "--out", str(out / "run"),
+                                     *[a for a in shape if a != "--cpu"],  # each machine's own: join takes it
                                      "--batch-size", str(batch), *outer, "--tokens", str(tokens), "--inner-steps",
                                      str(inner_steps), "--probe-steps", str(inner_steps), "--min-machines",
                                      str(machines), "--port", str(port), "--insecure", "--eval-every", "1000"],

@@ -32,6 +32,8 @@ from pathlib import Path
 
 from corpora import pick_corpus
 
+from hitoban.run_folder import RunFolder, setting
+
 TRAINER_RUN = r'''
 import json, sys, time
 started = float(sys.argv[5])
@@ -163,16 +165,16 @@ def main() -> None:
         folder = out / "runs" / folder
         seconds[label] = run(hitoban + ["--out", str(folder), "--eval-every", "1000000"] + extra)
         runs[label] = folder / "final"
-        budgets[label] = json.loads((folder / "config.json").read_text())["total_steps"]
+        budgets[label] = setting(RunFolder(folder).config(), "total_steps")
     bpc = bits_per_char(runs, domains, out)
     floors = {d: compressor_bpc(p.read_text(encoding="utf-8")) for d, p in domains.items()}
-    config = json.loads((out / "runs" / args.runs[0] / "config.json").read_text())
+    config = RunFolder(out / "runs" / args.runs[0]).config()
     rows = [{"run": label, "steps": budgets[label], "seconds": round(sec, 1),
              "tok_per_sec": round(budgets[label] * 16 * 256 / sec), "time_vs_trainer": round(sec / reference, 3),
              **{f"bpc_{d}": round(bpc[(label, d)], 4) for d in domains}} for label, sec in seconds.items()]
     lines = [f"Trainer budget: {args.tokens:,} tokens ({steps} steps x 16 x 256). hitoban: {config['hardware']}, "
-             f"torch.compile {'on' if config.get('compiled') else 'off'} (--compile auto); tok/s counts the whole "
-             "process, start to saved model.", "", "Time to the same model:", ""]
+             f"torch.compile {'on' if setting(config, 'compile') is True else 'off'} (--compile auto); tok/s counts "
+             "the whole process, start to saved model.", "", "Time to the same model:", ""]
     timed = [r for r in rows if r["run"].endswith("2/3 of the Trainer's time")]
     lines += table([r for r in rows if r not in timed], floors)
     lines += ["", f"Equal wall time (--hours {hours}, 2/3 of the Trainer's):", ""]

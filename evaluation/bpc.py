@@ -16,6 +16,7 @@ Plain PyTorch on purpose: `evaluate` is in maintenance mode and its Hub-hosted m
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from pathlib import Path
@@ -23,9 +24,13 @@ from pathlib import Path
 import numpy as np
 
 from hitoban.errors import InputError
+from hitoban.evaluation.fonts import use_japanese_font
 from hitoban.evaluation.options import DOMAIN_CHARS
 from hitoban.files import read_text
-from hitoban.provenance import write_json
+from hitoban.modeling.loading import load_model_and_tokenizer
+from hitoban.provenance import sha256_file, weights_sha256, write_json
+from hitoban.training.data.reader import ShardReader
+from hitoban.training.data.shards import load_index, tokenizer_sha256
 from hitoban.training.data.tokenizer import MARKERS
 from hitoban.training.nll import token_nats
 
@@ -100,9 +105,6 @@ def cross_domain(models: list[str | Path], domains: dict[str, str | Path], max_c
     """bits/char for every model x domain (3LM truncates each domain to its first 400,000 chars); with `shards`,
     also every model on each source of that shard set's val split (as domains named `val:SOURCE`). `device`: where
     the models run (default: the best there is, `device_for`)."""
-    from hitoban.modeling.loading import load_model_and_tokenizer
-    from hitoban.provenance import sha256_file, weights_sha256
-
     texts = {name: read_domain(name, path) for name, path in domains.items()}
     if shards:  # before anything is measured
         check_same_tokenizer(models, shards)
@@ -123,8 +125,6 @@ def cross_domain(models: list[str | Path], domains: dict[str, str | Path], max_c
 def check_same_tokenizer(models: list[str | Path], shards: str | Path) -> None:
     """Shards hold token ids; scored by a model with another tokenizer they mean other pieces, and bits/char comes
     out as a plausible, wrong number. The shard index records its tokenizer's sha256: it must be each model's."""
-    from hitoban.training.data.shards import load_index, tokenizer_sha256
-
     index = load_index(Path(shards))
     recorded = index["tokenizer"]["sha256"]
     copy = Path(shards) / "tokenizer" / "tokenizer.json"  # the shards' own copy (verified against the index)
@@ -142,8 +142,6 @@ def check_same_tokenizer(models: list[str | Path], shards: str | Path) -> None:
 def _pieces(tokenizer_json: Path) -> tuple:
     """What maps ids to text in a tokenizer.json (the model's vocabulary and the added tokens), without the
     formatting a re-save (the Trainer's, after SFT) changes."""
-    import json
-
     data = json.loads(tokenizer_json.read_text(encoding="utf-8"))
     added = sorted((t["id"], t["content"]) for t in data.get("added_tokens", []))
     return json.dumps(data.get("model"), sort_keys=True), json.dumps(data.get("normalizer"), sort_keys=True), added
@@ -152,8 +150,6 @@ def _pieces(tokenizer_json: Path) -> tuple:
 def shard_domain_bpc(model, tokenizer, shards: str | Path, max_tokens: int = 200_000) -> list[dict]:
     """Per-domain bits/char on a shard set's val split (domains from `.domains.u8`), over whole documents only:
     each document is preceded by the previous one's `<|end|>`, and the `<|end|>` tokens count on neither side."""
-    from hitoban.training.data.reader import ShardReader
-
     reader = ShardReader(shards, "val")
     special = np.array(sorted(set(tokenizer.all_special_ids)), dtype=np.int64)
     rows = []
@@ -182,12 +178,10 @@ def markdown_table(result: dict) -> str:
 
 
 def plot_cross_domain(result: dict, path: str | Path) -> None:
-    import matplotlib
+    import matplotlib  # lazy: the Agg backend is chosen before pyplot loads; no figure, no matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from hitoban.evaluation.fonts import use_japanese_font
+    import matplotlib.pyplot as plt  # lazy: after matplotlib.use("Agg")
 
     use_japanese_font()
     models = list(dict.fromkeys(r["model"] for r in result["records"]))

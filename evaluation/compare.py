@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from hitoban.evaluation.fonts import use_japanese_font
 from hitoban.evaluation.generation import SAMPLING, reply, sampling_processors
 from hitoban.evaluation.options import COMPARE_NEW_TOKENS, COMPARE_SEED
 from hitoban.modeling.loading import load_model_and_tokenizer
@@ -51,12 +52,10 @@ def compare_models(models: list[str | Path], chat: list[str] | None = None, raw:
 
 
 def plot_comparison(result: dict, path: str | Path, chars_per_line: int = 22, max_chars: int = 160) -> None:
-    import matplotlib
+    import matplotlib  # lazy: the Agg backend is chosen before pyplot loads; no figure, no matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from hitoban.evaluation.fonts import use_japanese_font
+    import matplotlib.pyplot as plt  # lazy: after matplotlib.use("Agg")
 
     use_japanese_font()
     models = list(dict.fromkeys(r["model"] for r in result["records"]))

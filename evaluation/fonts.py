@@ -1,4 +1,5 @@
-"""Pick a Japanese-capable font for matplotlib figures when the machine has one (labels are often Japanese)."""
+"""Pick a Japanese-capable font for matplotlib figures when the machine has one (labels are often Japanese).
+Lazy imports: matplotlib loads only when a figure is drawn."""
 
 from __future__ import annotations
 

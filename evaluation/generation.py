@@ -18,10 +18,12 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList
+from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 
 from hitoban.errors import InputError
 from hitoban.files import read_text
+from hitoban.modeling.loading import load_model_and_tokenizer
+from hitoban.provenance import weights_sha256, write_json
 
 SAMPLING = {"temperature": 0.8, "top_k": 40, "repetition_penalty": 1.15, "penalty_window": 64,
             "max_new_tokens": 200, "seed": 777}
@@ -129,8 +131,6 @@ def decode(model, ids: torch.Tensor, processors: LogitsProcessorList, sample: bo
     """`generate()`'s sampling loop for one sequence, without its per-step machinery (stopping criteria, input
     preparation, mask rebuilding): the same float32 scores, the same processors, the same `multinomial` draws in
     the same order, so greedy tokens and seeded samples are identical (tested). Returns prompt + new tokens."""
-    from transformers import DynamicCache
-
     cache = DynamicCache(config=model.config)
     sequence = ids.to(model.device)
     if streamer is not None:
@@ -189,9 +189,6 @@ def evaluate_generation(model_dir: str | Path, questions: str | Path, out: str |
                         settings: dict | None = None, limit: int | None = None, progress=None, device=None) -> dict:
     """`hitoban eval gen`: 3LM's generation metrics for one model folder on a questions file, as a report that names
     the weights it measured (also written to `out`). `device`: where the model runs (default: the best there is)."""
-    from hitoban.modeling.loading import load_model_and_tokenizer
-    from hitoban.provenance import weights_sha256, write_json
-
     items = load_questions(questions)[:limit]
     model, tokenizer = load_model_and_tokenizer(model_dir, device, chat_template=True)
     report = {"kind": "generation-metrics", "schema": 1, "model": Path(model_dir).name,

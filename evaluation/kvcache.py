@@ -15,7 +15,7 @@ from transformers import DynamicCache
 
 from hitoban.evaluation.options import KVCACHE_ATOL, KVCACHE_STEPS
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
-from hitoban.modeling.loading import device_for
+from hitoban.modeling.loading import check_model_folder, device_for
 
 KVCACHE_CONFIG = dict(vocab_size=512, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
                       max_position_embeddings=64)
@@ -34,8 +34,6 @@ def check_kvcache(
     """Greedy-decode `steps` tokens with the cache and compare each step's logits with a full forward. `model`: a
     model, a from_pretrained folder (on `device`, default the best there is), or None for a random tiny model."""
     if isinstance(model, (str, Path)):
-        from hitoban.modeling.loading import check_model_folder
-
         folder = check_model_folder(model, tokenizer=False)
         model = HitobanForCausalLM.from_pretrained(folder).to(device or device_for())
     torch.manual_seed(seed)

@@ -18,7 +18,7 @@ offset: no false negatives, no false positives. Before every scan a self-test ru
 text: a needle across chunk borders, and a dialogue of short turns written as ASCII-escaped JSONL.
 
 The byte-level search engines live in `evaluation/matching.py`.
-"""
+Lazy imports: the corpus reader loads only when a corpus is scanned, so `hitoban leaks` starts without torch."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ Engine: `sampled-grams` (default, NumPy). Any occurrence of a pattern of >= 23 b
 starts on an 8-byte boundary of the text, at offset 0..7 of the pattern; the 8 possible grams of every pattern are
 hashed into a 1 MiB bitmap, so the scan is a few vectorised passes over len/8 words, and only exact 64-bit key
 matches reach the byte-for-byte check. `hyperscan` and `ahocorasick-rs` remain as --engine options.
-"""
+Lazy imports: hyperscan and ahocorasick-rs load only when chosen with --engine."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """Figures drawn from what runs wrote: loss curves from a run's log.jsonl (train, val, per-domain val, resumes,
-`hitoban plot RUN`) and the kill test's panels from its killtest.json."""
+`hitoban plot RUN`) and the kill test's panels from its killtest.json.
+Lazy imports: matplotlib loads only when a figure is drawn (the Agg backend first), so reading a log does not pay
+for it."""
 
 from __future__ import annotations
 

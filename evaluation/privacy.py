@@ -32,11 +32,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from faker import Faker
 from tqdm.auto import tqdm
+from transformers import AutoTokenizer
 
 from hitoban.errors import MissingInputError
 from hitoban.evaluation.options import CANARY_REPETITIONS, CANARY_SEED, PII_NEW_TOKENS, PII_SAMPLES
-from hitoban.files import read_jsonl
+from hitoban.files import read_jsonl, require_file
+from hitoban.modeling.loading import load_model_and_tokenizer
 from hitoban.provenance import (
     TEST_DATA_MARKER,
     model_identity,
@@ -45,7 +48,7 @@ from hitoban.provenance import (
     training_corpora,
     write_json,
 )
-from hitoban.training.data.corpus import PII_LOG
+from hitoban.training.data.corpus import PII_LOG, iter_corpus
 from hitoban.training.data.filters import (
     BROAD_EMAIL,
     BROAD_PHONE,
@@ -59,6 +62,8 @@ from hitoban.training.data.filters import (
     reproduced,
     seal_contact,
 )
+from hitoban.training.data.tokenizer import train_tokenizer_from_texts
+from hitoban.training.tiny import token_stream, train_tiny
 
 BLOCK_CHARS = 8 * 2**20
 NOT_MEASURED = "not measured"
@@ -70,8 +75,6 @@ __all__ = ["CONTEXT_CHARS", "MIN_CONTEXT_CHARS", "mask_value", "judge", "mine_ca
 def corpus_texts(paths: Iterable[str | os.PathLike]) -> Iterator[str]:
     """Corpus text in blocks: `hitoban corpus` folders document by document, plain text files in 8 Mi-char
     blocks that carry the previous block's last 360 chars (so a contact's context never breaks at a border)."""
-    from hitoban.training.data.corpus import iter_corpus
-
     for path in map(Path, paths):
         if path.is_dir():
             yield from (record["text"] for record in iter_corpus(path))
@@ -246,9 +249,6 @@ def probe_model(model_dir: str | os.PathLike, corpus: list[str | os.PathLike], s
     files), the corpus probed (the hash of its bytes) and, when its lineage's shard index is beside that corpus,
     the corpus the model was pretrained on, which `hitoban upload` compares; it is also written to `out`.
     `device`: where the model runs (default: the best there is)."""
-    from hitoban.files import require_file
-    from hitoban.modeling.loading import load_model_and_tokenizer
-
     require_file(Path(model_dir) / "config.json", f"{model_dir} is not a model folder",
                  made_by="`hitoban pretrain` (RUN/final), `sft` or `tone`")
     try:
@@ -279,8 +279,6 @@ def probe_model(model_dir: str | os.PathLike, corpus: list[str | os.PathLike], s
 def make_canaries(count: int, repetitions: tuple[int, ...], seed: int) -> list[dict]:
     """Fake Japanese contacts (Faker ja_JP), cycling through the repetition counts; each has a fixed sentence whose
     prefix is the attack context. Phones are unhyphenated mobile numbers half of the time."""
-    from faker import Faker
-
     fake = Faker("ja_JP")
     fake.seed_instance(seed)
     canaries = []
@@ -310,8 +308,6 @@ def plant(documents: list[str], canaries: list[dict], seed: int) -> list[str]:
 
 def train_canary_model(documents: list[str], tok, out: Path, steps: int, seed: int, log=print):
     """A tiny model trained on `documents` (`training.tiny`, as `hitoban doctor`), saved to `out` with `tok`."""
-    from hitoban.training.tiny import token_stream, train_tiny
-
     model, losses = train_tiny(token_stream(tok, documents), len(tok), steps, seed, desc=f"train {out.name}")
     log(f"{out.name}: {steps} steps, final loss {losses[-1]:.3f}")
     model.save_pretrained(out)
@@ -369,9 +365,6 @@ def canary_control(documents: list[str], out: str | os.PathLike, count: int = 8,
         encoding="utf-8")
     (out / "canaries.json").write_text(json.dumps(planted_canaries, ensure_ascii=False, indent=2), encoding="utf-8")
     (out / "planted.txt").write_text("\n".join(d.replace("\n", " ") for d in planted) + "\n", encoding="utf-8")
-    from transformers import AutoTokenizer
-
-    from hitoban.training.data.tokenizer import train_tokenizer_from_texts
 
     # One tokenizer, trained on the clean documents, for both models: the canaries must not shape the vocabulary,
     # so the only difference between the two models is whether their weights saw the canaries.

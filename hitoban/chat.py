@@ -6,6 +6,10 @@ from collections.abc import Callable
 
 from transformers.generation.streamers import BaseStreamer
 
+from hitoban.evaluation.generation import SAMPLING, reply
+from hitoban.modeling.loading import device_for, load_model_and_tokenizer
+from hitoban.training.device import decoding_dtype
+
 HELP = ("commands: /reset (forget the conversation), /temp X, /topk N, /penalty X, /tokens N, /settings, /exit")
 
 
@@ -40,8 +44,6 @@ class Utf8SafeStreamer(BaseStreamer):
 def chat_loop(model, tokenizer, read_line: Callable[[], str | None], write: Callable[[str], None],
               settings: dict | None = None) -> list[dict]:
     """Run until /exit or end of input; returns the final history. Injected I/O keeps it testable."""
-    from hitoban.evaluation.generation import SAMPLING, reply
-
     settings = {**SAMPLING, **(settings or {})}
     history: list[dict] = []
     numbers = {"/temp": ("temperature", float), "/topk": ("top_k", int), "/penalty": ("repetition_penalty", float),
@@ -79,9 +81,6 @@ def chat_loop(model, tokenizer, read_line: Callable[[], str | None], write: Call
 
 
 def run_chat(model_dir: str, precision: str = "auto") -> None:
-    from hitoban.modeling.loading import device_for, load_model_and_tokenizer
-    from hitoban.training.device import decoding_dtype
-
     device = device_for()
     model, tok = load_model_and_tokenizer(model_dir, device, decoding_dtype(precision, device),
                                           chat_template=True)

@@ -1,5 +1,6 @@
 """`hitoban <verb>`: one command; the verbs live in hitoban/verbs/ (one module per stage), thin wrappers over library
-functions (what tests call)."""
+functions (what tests call).
+Lazy imports: `hitoban` (the package) only for `--version`."""
 
 from __future__ import annotations
 

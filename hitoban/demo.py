@@ -5,7 +5,7 @@ shards (+ verify) -> calibrate -> pretrain, SIGKILLed halfway and resumed, check
 uninterrupted run -> chat SFT -> bits/char and generation metrics -> leak scan -> PII probe with canaries ->
 model card -> upload dry run -> `from_pretrained` in a process that cannot import hitoban. Each stage prints one
 line and its time; `report.md` links every JSON and PNG.
-"""
+Lazy imports: each stage imports its library when it runs, so `hitoban demo --help` starts without torch."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from pathlib import Path
 
 from hitoban.demo_data import HELD_OUT_EVERY, prepare_data
 from hitoban.errors import CheckFailed, OutputExistsError, UsageError
+from hitoban.options import argv_for
 from hitoban.provenance import write_json
 from hitoban.run_folder import RunFolder
 
@@ -69,7 +70,6 @@ class Stages:
 
 def pretrain_options(settings: DemoSettings, cpu: bool, seed: int) -> list[str]:
     """The demo night's `hitoban pretrain` options (the kill test runs exactly these)."""
-    from hitoban.options import argv_for
     from hitoban.training.pretrain.options import PretrainConfig
 
     return argv_for(PretrainConfig, preset="tiny", batch_size=settings.batch_size, context=settings.context,

@@ -1,5 +1,6 @@
 """The demo's inputs: the built-in chats and questions, the pretraining text (built-in prose, Aozora, FineWeb-2 or
-the user's files) with a held-out share, the recipe's own input files, and fake contacts for the PII probe."""
+the user's files) with a held-out share, the recipe's own input files, and fake contacts for the PII probe.
+Lazy imports: faker and the corpus writer load only when the demo builds its inputs."""
 
 from __future__ import annotations
 

@@ -8,18 +8,21 @@ estimate against a step's measured peak, at a shape where the logits dominate (a
 short); the restored optimizer state's placement after a resume; the real bits/char on held-out text; and
 generation with the KV-cache check. One table, one line per check; any failure
 raises CheckFailed (exit 1). `hitoban doctor --cpu` is the quick install check (`hitoban.doctor`).
-"""
+Lazy imports: each check imports what it measures when it runs, so `hitoban doctor --help` starts without torch."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import math
+import shutil
 import time
 from pathlib import Path
 
 from hitoban.errors import CheckFailed
+from hitoban.options import argv_for
 from hitoban.provenance import write_json
+from hitoban.run_folder import RunFolder
 
 HELD_OUT = 4  # built-in documents kept out of the corpus, for bits/char
 CONTEXT, BATCH, STEPS = 64, 8, 40
@@ -81,7 +84,6 @@ def _data(out: Path, seed: int):
 
 def _options(cpu: bool, seed: int) -> list[str]:
     """The doctor night's `hitoban pretrain` options: auto precision, eager (compile is the in-process run's)."""
-    from hitoban.options import argv_for
     from hitoban.training.pretrain.options import PretrainConfig
 
     return argv_for(PretrainConfig, preset="tiny", batch_size=BATCH, context=CONTEXT, lr=3e-3, warmup_frac=0.05,
@@ -165,8 +167,6 @@ def _night_config(out: Path, cpu: bool, seed: int, steps: int, **options):
 
 
 def _recorded_plan(run: Path) -> dict:
-    from hitoban.run_folder import RunFolder
-
     return RunFolder(run).records("device")[0]
 
 
@@ -218,8 +218,6 @@ def run_device_check(out: str | Path = "hitoban-doctor", cpu: bool = False, seed
                      plant_fault: str | None = None, log=print) -> dict:
     """Run every check; returns the report (also out/doctor.json and out/doctor.md). Raises CheckFailed if any
     check failed."""
-    import shutil
-
     from hitoban.modeling.loading import device_for
     from hitoban.training.hardware import plan_for
 

@@ -9,7 +9,7 @@ Every artefact that measures a model records `weights_sha256`. Each model folder
 `lineage.json`: both hashes and, for a fine-tune, its base's lineage (SFT output -> its base -> the pretraining run
 that produced the base). `hitoban card` cites a number only when its artefact's weights are the carded model's or a
 recorded ancestor's; `hitoban upload` compares the folder's identity with its lineage and its PII probe.
-"""
+Lazy imports: importlib.metadata (a tenth of a second) only when the version is asked for."""
 
 from __future__ import annotations
 

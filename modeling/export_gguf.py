@@ -23,6 +23,7 @@ export.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import tempfile
@@ -30,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from sentencepiece import sentencepiece_model_pb2 as sp_pb2
+from transformers import AutoTokenizer
 
 from hitoban.errors import CheckFailed, InputError, OutputExistsError, UsageError
 from hitoban.modeling.loading import check_model_folder
@@ -43,14 +46,13 @@ from .llama_format import (
     sentencepiece_model,
     tokenizer_json,
 )
+from .modeling_hitoban import HitobanForCausalLM
 
 VERIFY_PROMPT = "<|user|>こんにちは。自己紹介をしてください。<|assistant|>"
 
 
 def _require(module: str, extra: str, what: str):
     """Import an optional dependency, or say which extra provides it."""
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError as err:
@@ -72,7 +74,7 @@ def _permute_for_rope(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 def _tensor_data(tensor: np.ndarray, outtype: str):
     """(data, raw ggml type or None): 1-D tensors (norms) stay f32, as llama.cpp's converter keeps them."""
-    import gguf
+    import gguf  # lazy: an optional extra (hitoban[gguf]); _require says so when missing
 
     if tensor.ndim == 1 or outtype == "f32":
         return tensor.astype(np.float32), None
@@ -85,7 +87,7 @@ def _tensor_data(tensor: np.ndarray, outtype: str):
 
 
 def _write_model_metadata(writer, config, name: str, outtype: str) -> None:
-    import gguf
+    import gguf  # lazy: an optional extra (hitoban[gguf]); _require says so when missing
 
     writer.add_name(name)
     writer.add_context_length(config.max_position_embeddings)
@@ -104,7 +106,7 @@ def _write_model_metadata(writer, config, name: str, outtype: str) -> None:
 
 def _write_tokenizer_metadata(writer, proto, config, template: str | None) -> None:
     """The vocabulary as llama.cpp's unigram tokenizer, with hitoban's settings (see the module docstring)."""
-    import gguf
+    import gguf  # lazy: an optional extra (hitoban[gguf]); _require says so when missing
 
     kinds = gguf.TokenType
     types = {1: kinds.NORMAL, 2: kinds.UNKNOWN, 3: kinds.CONTROL, 4: kinds.USER_DEFINED, 5: kinds.UNUSED,
@@ -129,7 +131,7 @@ def _write_tokenizer_metadata(writer, proto, config, template: str | None) -> No
 
 def _add_tensors(writer, model, outtype: str) -> int:
     """The Llama export's weights under llama.cpp's names, q/k rows permuted; returns how many were added."""
-    import gguf
+    import gguf  # lazy: an optional extra (hitoban[gguf]); _require says so when missing
 
 
     config = model.config
@@ -156,9 +158,7 @@ def export_gguf(src: str | os.PathLike, out: str | os.PathLike, outtype: str = O
     gguf = _require("gguf", "gguf", "export-gguf")
     if verify:
         _require("llama_cpp", "llama", "export-gguf --verify")
-    from sentencepiece import sentencepiece_model_pb2 as sp_pb2
 
-    from .modeling_hitoban import HitobanForCausalLM
 
     src, out = Path(src), Path(out)
     if outtype not in OUTTYPES:
@@ -232,9 +232,7 @@ def compare_with_llama_cpp(gguf_path: str | os.PathLike, model_dir: str | os.Pat
     characters outside the vocabulary (byte pieces in transformers, one `<|unk|>` in llama.cpp's unigram tokenizer,
     which has no byte fallback)."""
     Llama = _require("llama_cpp", "llama", "running a GGUF in llama.cpp").Llama
-    from transformers import AutoTokenizer
 
-    from .modeling_hitoban import HitobanForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=False)
     model = HitobanForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

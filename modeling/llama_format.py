@@ -15,8 +15,15 @@ import re
 from pathlib import Path
 
 import torch
+from sentencepiece import SentencePieceProcessor
+from sentencepiece import sentencepiece_model_pb2 as sp_pb2
+from tokenizers import Tokenizer
+from transformers import LlamaForCausalLM
 
 from hitoban.errors import CheckFailed, InputError
+
+from .configuration_hitoban import HitobanConfig
+from .modeling_hitoban import HitobanForCausalLM
 
 # Held-out-like text for the tokenizer self-check: kana, kanji, full-width punctuation, ASCII with runs of spaces,
 # newlines, an emoji and a rare character (byte fallback).
@@ -45,10 +52,6 @@ def tokenizer_json(folder: Path) -> dict:
 
 def sentencepiece_model(folder: str | os.PathLike, check_texts=TOKENIZER_CHECK_TEXTS) -> bytes:
     """A serialized SentencePiece ModelProto equal to the folder's `tokenizer.json`, checked id for id."""
-    from sentencepiece import SentencePieceProcessor
-    from sentencepiece import sentencepiece_model_pb2 as sp_pb2  # needs protobuf
-    from tokenizers import Tokenizer
-
     folder = Path(folder)
     data = tokenizer_json(folder)
     vocab, unk_id = data["model"]["vocab"], data["model"]["unk_id"]
@@ -128,10 +131,6 @@ def from_llama(path, **kwargs):
     """hitoban's class on a Llama folder (`hitoban export-llama`'s, or a published `--format llama` repo): the
     shape read from its config, the weights fused back; a Llama that hitoban's architecture cannot express (grouped
     KV heads, biases, RoPE scaling, another activation) is refused by name. `kwargs` go to `from_pretrained`."""
-    from transformers import LlamaForCausalLM
-
-    from .configuration_hitoban import HitobanConfig
-    from .modeling_hitoban import HitobanForCausalLM
 
     llama = LlamaForCausalLM.from_pretrained(path, **kwargs)
     c = llama.config

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jinja2
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils.chat_template_utils import _compile_jinja_template
 
 from hitoban.errors import InputError
 from hitoban.files import check_fields, read_json, read_safetensors_header, read_text
@@ -104,9 +107,6 @@ def check_tokenizer_folder(path: str | Path, chat_template: bool = False) -> Pat
 
 def check_chat_template(text: str, folder: Path) -> None:
     """A chat template that is there and parses (an empty or cut one renders nothing, or fails mid-chat)."""
-    import jinja2
-    from transformers.utils.chat_template_utils import _compile_jinja_template  # its {% generation %} tag too
-
     if not text.strip():
         raise InputError(f"{folder}/chat_template.jinja is empty; copy the tokenizer's chat template back")
     try:
@@ -120,8 +120,6 @@ def load_model_and_tokenizer(path: str | Path, device: str | torch.device | None
                              dtype: torch.dtype | None = None, chat_template: bool = False):
     """A `from_pretrained` folder with its tokenizer, on `device` (default: the best one), in `dtype` (default:
     as saved, fp32); a folder without a tokenizer is a clear error."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # hitoban.modeling registered the Auto classes
-
     path = check_model_folder(path, chat_template=chat_template)
     model = AutoModelForCausalLM.from_pretrained(path).to(device or device_for()).eval()
     if dtype is not None:

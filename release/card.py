@@ -8,7 +8,8 @@ the sha256s that index records, the kill test by the run's configuration. Two di
 both fit are an error listing them (an ambiguous --from); a number with no traceable artefact is "not measured",
 with the command that would measure it. Every number shows the (relative) path of its artefact, and
 `eval_results.json` repeats the numbers with their sources.
-"""
+Lazy imports: torch, transformers and the model load only to count a folder's parameters where its header cannot, so
+`hitoban card` starts without torch."""
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ MLX-LM, transformers.js and TGI want a known architecture). Its Llama export (`h
 as FOLDER-llama) is the same function under Llama's names, checked logit for logit, and its lineage.json records the
 sha256 of the hitoban weights it was made from. Only through that record, and only after the check has run again on
 the two folders as saved, do the card and the PII gate accept measurements of the hitoban weights for the export.
-"""
+Lazy imports: the Llama export (torch, transformers) loads only for `--format llama`, so `hitoban card` starts
+without torch."""
 
 from __future__ import annotations
 

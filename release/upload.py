@@ -9,7 +9,8 @@ Names with control characters are refused. Before anything is sent: the payload 
 must exist, and the model's identity (the content of all its weight and tokenizer files) must be the one its
 lineage.json records and the one its PII probe measured, on the corpus the lineage says it was trained on; an
 exact PII reproduction blocks the upload unless the user overrides it with a reason, recorded in the commit.
-"""
+Lazy imports: huggingface_hub loads only when something is sent, so `hitoban upload --dry-run` starts in well under
+a second."""
 
 from __future__ import annotations
 

@@ -10,6 +10,8 @@ without torch); `set_up` imports torch and Accelerate when a run starts.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,8 +64,6 @@ class Device:
 def set_up(cpu: bool, precision: str, deterministic: bool = False) -> Device:
     """The run's device and Accelerator. `deterministic` (the kill test on a GPU): deterministic kernels, set before
     cuBLAS's first use, so a killed and resumed run is bit-identical there too."""
-    import os
-
     import torch
 
     from hitoban.modeling.loading import device_for
@@ -113,8 +113,6 @@ def decoding_dtype(precision: str, device) -> Any:
 
 def machine_fields(cls: type) -> tuple[str, ...]:
     """The fields of an options dataclass that each machine decides for itself (declared `machine=True`)."""
-    import dataclasses
-
     return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("machine"))
 
 

@@ -8,13 +8,21 @@ without them bf16 is emulated and ~4x slower. So bf16 is the default only where 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import platform
 import re
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from hitoban.errors import UsageError
+from hitoban.provenance import write_json
+from hitoban.training import faults
 
 NATIVE_BF16_FLAGS = re.compile(r"\b(?:amx_bf16|avx512_bf16|bf16)\b")  # x86 AMX / AVX512-BF16, Arm's `bf16` feature
 
@@ -96,10 +104,6 @@ def mps_runs_bf16(facts: DeviceFacts) -> bool:
 
 def device_facts(device: torch.device | str) -> DeviceFacts:
     """The facts of this machine's `device`."""
-    import platform
-
-    from hitoban.training import faults
-
     device = torch.device(device)
     if device.type == "cuda":
         return DeviceFacts("cuda", torch.cuda.get_device_name(device), tuple(torch.cuda.get_device_capability(device)))
@@ -113,9 +117,6 @@ def device_facts(device: torch.device | str) -> DeviceFacts:
 
 def cpu_model() -> str | None:
     """The CPU's marketing name (Linux: /proc/cpuinfo's `model name`; macOS: sysctl), for records and tables."""
-    import subprocess
-    import sys
-
     try:
         if sys.platform == "darwin":
             return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
@@ -183,10 +184,6 @@ def synchronize(device: torch.device) -> None:
 def measured_once(cache: Path, key: str, measure):
     """`measure()`'s result for `key`, measured on the first call and kept in the JSON file `cache` (a read-only
     home only costs a re-measurement next time)."""
-    import json
-
-    from hitoban.provenance import write_json
-
     cached = json.loads(cache.read_text()) if cache.exists() else {}
     if key not in cached:
         cached[key] = measure()
@@ -201,9 +198,6 @@ def measured_once(cache: Path, key: str, measure):
 def matmul_peak(device: torch.device, precision: str, cache: Path = PEAK_CACHE) -> tuple[float, str]:
     """(FLOP/s, where the number comes from): a known GPU's published bf16 peak, else the best of a few large
     matmuls timed once on this machine and cached (same device, dtype and torch)."""
-    import platform
-    import time
-
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     if device.type == "cuda" and precision in PUBLISHED_PEAK:
         name = torch.cuda.get_device_name(device)
@@ -248,8 +242,6 @@ def available_memory_bytes(device: torch.device) -> int | None:
 def check_precision(facts: DeviceFacts | str, precision: str, warn=print) -> None:
     """Refuse a precision the device cannot run or only emulates, with what to use instead; warn where it runs but
     slowly. `facts`: the device's facts, or a device type to read them for."""
-    from hitoban.errors import UsageError
-
     facts = device_facts(facts) if isinstance(facts, str) else facts
     plan = plan_device(facts)
     if precision == "fp16" and facts.type == "cpu":

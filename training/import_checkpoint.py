@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 
 from hitoban.errors import InputError, MissingInputError, OutputExistsError, UsageError
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
+from hitoban.training.data.tokenizer import tokenizers_from_sentencepiece, wrap_for_transformers
 from hitoban.training.import_options import FORMATS
 
 _3LM_NAMES = {
@@ -187,8 +188,6 @@ def import_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, fmt: str |
         staged = Path(tmp) / "model"
         model.save_pretrained(staged)
         if spm_model is not None:
-            from hitoban.training.data.tokenizer import tokenizers_from_sentencepiece, wrap_for_transformers
-
             tok = tokenizers_from_sentencepiece(spm_model.read_bytes())
             wrap_for_transformers(tok, config.max_position_embeddings).save_pretrained(staged)
         os.replace(staged, dst)

@@ -10,6 +10,7 @@ first updates are ~10x smaller (m starts at 0.1·g), which acts as an extra impl
 from __future__ import annotations
 
 import torch
+from torch.optim._muon import _adjust_lr
 
 from hitoban.errors import CheckpointError
 
@@ -157,8 +158,6 @@ class Muon(torch.optim.Muon):
 
     @torch.no_grad()
     def step(self, closure=None):
-        from torch.optim._muon import _adjust_lr
-
         for group in self.param_groups:
             params, grads, buffers = [], [], []
             self._init_group(group, params, grads, buffers)

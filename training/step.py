@@ -12,6 +12,10 @@ from contextlib import nullcontext
 
 import numpy as np
 import torch
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState, PartialState
+
+from hitoban.modeling.loading import device_for
 
 
 def train_step(model, optimizer, accelerator, rows: np.ndarray, grad_accum: int, grad_clip: float
@@ -53,8 +57,6 @@ def make_accelerator(cpu: bool, precision: str):
     either), where `check_precision` refuses fp16 and `auto` never picks it; a CPU reaches this only as the tests'
     stand-in for a T4 (fp16 autocast with torch's CPU GradScaler), so the scaler's save, resume and skipped steps
     run on a CPU too."""
-    from accelerate import Accelerator
-
     accelerator = Accelerator(cpu=cpu, mixed_precision=precision)
     if precision == "fp16" and accelerator.scaler is None and accelerator.device.type == "cpu":
         accelerator.scaler = torch.amp.GradScaler("cpu")
@@ -68,13 +70,10 @@ def reset_accelerate_state(cpu: bool | None = None) -> None:
     A run owns that state while it trains. Its device is kept too, and a later `Accelerator(cpu=True)` silently
     runs on the earlier run's GPU: with `cpu` given (the device the next Accelerator must use), a single process's
     device state that does not match is reset as well. A process group's (torchrun) is never touched."""
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
     AcceleratorState._reset_state(reset_partial_state=False)
     GradientState._reset_state()
     if cpu is None or not PartialState._shared_state:
         return
-    from hitoban.modeling.loading import device_for
 
     state = PartialState()
     if state.device.type != device_for(cpu).type and state.num_processes == 1:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
@@ -35,8 +36,6 @@ def train_tiny(stream: np.ndarray, vocab_size: int, steps: int, seed: int, conte
                ) -> tuple[HitobanForCausalLM, list[float]]:
     """The `tiny` preset trained for `steps` on `stream` on the CPU (AdamW, clip 1.0); returns (model in eval mode,
     the loss of every step)."""
-    from accelerate import Accelerator
-
     if len(stream) <= context + 1:
         raise ValueError(f"the token stream ({len(stream)} tokens) is shorter than one window of {context + 1}")
     torch.manual_seed(seed)

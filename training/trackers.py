@@ -7,7 +7,7 @@ anything starts (Accelerate itself would drop it with a debug message and log to
 same tracker run rather than starting another: TensorBoard writes to RUN/tensorboard (events from the steps after the
 checkpoint, logged before the crash, are purged), trackio and W&B name the run by its run id (kept across resumes),
 MLflow's run id is kept in RUN/trackers.json. The Trainer verbs (`sft`, `tone`) pass the same choice as `report_to`.
-"""
+Lazy imports: Accelerate's trackers load only when `--report-to` names one."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from hitoban.errors import UsageError
+from hitoban.provenance import write_json
 
 PROJECT = "hitoban"  # the project (W&B, trackio, MLflow experiment) every hitoban run reports to
 TRACKERS = ("tensorboard", "trackio", "wandb", "mlflow", "aim", "comet_ml", "clearml", "dvclive", "swanlab")
@@ -122,8 +123,6 @@ class RunTrackers:
     def start(self, config: dict) -> None:
         """Start every tracker with `config` (TensorBoard's and MLflow's only on the run's first session:
         CONFIG_ONCE). MLflow's run id is kept for the next resume."""
-        from hitoban.provenance import write_json
-
         values, record = flat_config(config), {"report_to": self.names}
         for tracker in self.trackers:
             tracker.start()

@@ -1,5 +1,8 @@
 """The verbs of `hitoban`, one module per stage of the night; each verb parses, calls one library function and
-prints its summary (the library writes the artefacts). `hitoban.cli` builds the parser from VERBS."""
+prints its summary (the library writes the artefacts). `hitoban.cli` builds the parser from VERBS.
+Lazy imports, in every verb module here: each verb imports its library when it runs, so `hitoban --help` and the
+light verbs (`leaks`, `secrets`, `watch`, `shards --verify`, `card`, `upload --dry-run`) start without torch or
+transformers (tests/hitoban/test_startup.py)."""
 
 from __future__ import annotations
 

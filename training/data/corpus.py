@@ -7,7 +7,8 @@ shares, filter settings, rejection counts, PII masks, output sha256, elapsed, to
 digests, never the contact itself: what `hitoban pii` mines, since the masked text has nothing left to find).
 Everything is written into a temporary sibling folder and renamed at the end: an interrupted or failed build never
 leaves a folder that looks complete.
-"""
+Lazy imports: `datasets` loads only for a Hub source, so a local build and `hitoban leaks` (which reads the corpus
+manifest through here) start without it."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ The filters run in 3LM's order with its thresholds; the first failure rejects th
 counted. Cleaning never applies NFKC: full-width punctuation is part of Japanese text.
 PII masking runs on accepted text: e-mail addresses, Japanese phone numbers and Luhn-valid card numbers become
 placeholders before anything is written, so no later step (tokenizer, shards, model) ever sees them.
-"""
+Lazy imports: datasketch (MinHash) loads only when near-duplicate filtering runs."""
 
 from __future__ import annotations
 

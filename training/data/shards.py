@@ -14,7 +14,8 @@ deterministic rule (every k-th document of each source, capped in tokens); a tra
 val/test document is dropped, so the splits are disjoint by content, not just by position. Train documents are
 shuffled by seed before cutting, through a memory-mapped scratch file: memory stays bounded by one encode batch
 plus one offset per document.
-"""
+Lazy imports: the tokenizer and model loading (transformers, torch) load only when shards are built, so `hitoban
+shards --verify` starts in well under a second."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ byte fallback (no <unk> ever for real text), special tokens <|unk|>=0 <|user|>=1
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -24,6 +25,8 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from hitoban.errors import InputError, OutputExistsError
+from hitoban.modeling.loading import check_tokenizer_folder
+from hitoban.training.data.corpus import iter_corpus, load_manifest
 from hitoban.training.data.markers import ASSISTANT, END, MARKERS, SPECIAL_TOKENS, UNK, USER  # noqa: F401  (re-exported)
 from hitoban.training.data.options import CONTEXT, MIN_VOCAB, SAMPLE_CHARS, SEED, VOCAB_SIZE
 
@@ -111,8 +114,6 @@ def train_sentencepiece(
     `hard_vocab_limit=False` lets a small text end with fewer pieces than asked (the demo); the real pipeline
     keeps it on so a 32k request yields exactly 32k pieces or a clear error.
     """
-    import io
-
     lines = sum(1 for _ in open(sample_path, encoding="utf-8"))
     if lines == 0:
         raise InputError("the tokenizer training sample is empty: the corpus has no usable text")
@@ -227,8 +228,6 @@ def train_tokenizer_from_texts(
 
 def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
     """Load a hitoban tokenizer folder (any `AutoTokenizer` folder works) and check the markers are single tokens."""
-    from hitoban.modeling.loading import check_tokenizer_folder
-
     tok = AutoTokenizer.from_pretrained(str(check_tokenizer_folder(path)))
     for marker in SPECIAL_TOKENS:
         ids = tok.convert_tokens_to_ids(marker)
@@ -265,8 +264,6 @@ def train_tokenizer_from_corpus(
 ) -> dict:
     """Train on a `hitoban corpus` folder: a strided sample within `max_chars` (huge corpora are never read whole),
     every `heldout_every`-th sampled document kept out and used to report chars/token."""
-    from hitoban.training.data.corpus import iter_corpus, load_manifest
-
     manifest = load_manifest(corpus)
     stride = max(1, round(manifest["total_chars"] / max_chars))  # 3LM: spread the sample over the whole corpus
     heldout: list[str] = []

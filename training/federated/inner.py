@@ -13,6 +13,7 @@ with its state.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from hitoban.errors import InputError, ResourceError
@@ -189,7 +191,6 @@ class Machine:
         path = self._global_path()
         if not path.exists():
             return None
-        from safetensors import safe_open
 
         with safe_open(str(path), "pt") as f:
             meta = f.metadata() or {}
@@ -226,8 +227,6 @@ class Machine:
 
 def trajectory_of(options: TrainingOptions) -> dict:
     """The options every machine trains with (the server's), without the ones each machine decides for itself."""
-    import dataclasses
-
     names = {f.name for f in dataclasses.fields(TrainingOptions)} - set(MACHINE_ONLY)
     return {k: v for k, v in dataclasses.asdict(options).items() if k in names}
 

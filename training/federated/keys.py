@@ -8,7 +8,7 @@
 
 A machine joins with `--keys node-NAME` (copied to it); a machine whose key is not registered is refused by the
 server's SuperLink before it can receive the model.
-"""
+Lazy imports: `cryptography.exceptions` only where a key is read back."""
 
 from __future__ import annotations
 

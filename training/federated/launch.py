@@ -11,11 +11,13 @@ SIGKILLed serve restarted with the same command finds its port free and resumes 
 Flower facts relied on (flwr 1.42, read in its source and tried on loopback): the Fleet, Control and ServerApp APIs
 share the SuperLink's one HTTP port; SuperNode authentication needs TLS; an unregistered key is refused at
 activation (the SuperNode exits); `flwr run --format json` exits 0 even on failure, so its "success" is read.
-"""
+Lazy imports: the server, the machine's inner loop and the shard readers (torch) load only in the process that runs
+them, so `hitoban federate --help` and a joining machine's set-up start without torch."""
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import os
 import signal
@@ -250,7 +252,6 @@ def serve(options: ServeOptions, show=print) -> dict:
         show(f"# --resume never: the earlier run is kept in {run / 'previous-run'} until this one has saved")
     run.mkdir(parents=True, exist_ok=True)
     wait_for_free_folder(run)
-    import dataclasses
 
     (run / OPTIONS_FILE).write_text(json.dumps(dataclasses.asdict(options), indent=1))
     flower = Flower(run.resolve(), options)  # the ServerApp runs in the SuperLink's folder: absolute paths only

@@ -21,6 +21,7 @@ import json
 import math
 import time
 import uuid
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.constant import ErrorCode
 
 from hitoban.errors import ResourceError, UsageError
+from hitoban.modeling import HitobanForCausalLM
 from hitoban.provenance import read_lineage
 from hitoban.run_folder import FEDERATED_HEARTBEAT, SUMMARY_SCHEMA, RunFolder
 from hitoban.training.data.reader import ShardReader
@@ -57,6 +59,7 @@ from hitoban.training.federated.outer import (
     shared_tensors,
 )
 from hitoban.training.federated.tasks import Task, TaskQueue, slice_windows
+from hitoban.training.night import evaluate
 from hitoban.training.pretrain.checkpoint import (
     TrainState,
     check_resumable,
@@ -66,6 +69,7 @@ from hitoban.training.pretrain.checkpoint import (
     load_latest,
     save_checkpoint,
 )
+from hitoban.training.pretrain.options import shaped_config
 from hitoban.training.pretrain.resume import trajectory_fingerprint
 
 OPTIONS_FILE = "federate.json"  # the server's options, written by `federate serve`, read by the ServerApp
@@ -82,8 +86,6 @@ class NoMachineCanTrain(ResourceError):
 def plan_budget(options: ServeOptions, train: ShardReader) -> tuple:
     """(model config, context, budget rows) for `train`, the run's train split; a UsageError when the budget is not
     one row or the split has no window of the context."""
-    from hitoban.training.pretrain.options import shaped_config
-
     config, context = shaped_config(options.preset, train.vocab_size, options.context, dropout=options.dropout)
     budget = options.tokens // context
     if budget < 1 or int(train.tokens.max()) < context + 1:
@@ -138,7 +140,6 @@ class Server:
         self.corpus_sha256 = (index.get("corpus") or {}).get("sha256")  # the corpus the shards were encoded from
         self.train = ShardReader(data, "train")
         self.val = ShardReader(data, "val", verify=False) if index["splits"]["val"]["tokens"] else None
-        from hitoban.modeling import HitobanForCausalLM
 
         self.config, self.context, budget = plan_budget(options, self.train)
         self.total_steps = math.ceil(budget / options.batch_size)
@@ -486,13 +487,11 @@ class Server:
     def _evaluate(self) -> None:
         if self.val is None:
             return
-        from hitoban.training.night import evaluate
 
         domains = getattr(self, "_domains", None)
         if domains is None:
             batch = min(self.options.batch_size, 16)
             domains = self._domains = self.val.domain_streams(self.options.eval_batches * batch * (self.context + 1))
-        from contextlib import nullcontext
 
         result = evaluate(self.model, self.val, domains, self.options.eval_batches, min(self.options.batch_size, 16),
                           self.context, nullcontext)

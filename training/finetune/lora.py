@@ -3,7 +3,7 @@
 hitoban fuses q/k/v into one `qkv_proj` and gate/up into one `gate_up_proj`, so Llama's module names match almost
 nothing here: `["q_proj", "k_proj", "v_proj", "o_proj"]` would silently adapt `o_proj` alone. Targets are checked
 against the model's own module names before PEFT sees them, and the error names the right ones.
-"""
+Lazy imports: peft is an optional extra (`hitoban[lora]`); it loads only with `--lora`."""
 
 from __future__ import annotations
 

@@ -16,7 +16,12 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import DataCollatorForSeq2Seq
+from accelerate import PartialState
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorForSeq2Seq, Trainer, TrainingArguments
+from transformers.integrations import TensorBoardCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.trainer_utils import get_last_checkpoint
 
 from hitoban.errors import InputError, OutputExistsError, UsageError
 from hitoban.modeling.loading import check_model_folder
@@ -146,8 +151,6 @@ def claim_once(options: FinetuneOptions, record: dict) -> None:
     """`claim_output` in one process: under DDP (torchrun) every rank runs this function, and two ranks checking
     and writing --out at once could refuse each other's claim; the others wait until it is made (a refused claim
     ends the main process, and torchrun then stops the rest)."""
-    from accelerate import PartialState
-
     state = PartialState()
     if state.is_main_process:
         claim_output(options, record)
@@ -157,8 +160,6 @@ def claim_once(options: FinetuneOptions, record: dict) -> None:
 def last_checkpoint(folder: Path) -> str | None:
     """The Trainer's newest checkpoint in `folder`, by step number (transformers' own `get_last_checkpoint`: sorted
     as text, checkpoint-900 came after checkpoint-1000 and a resume went back 100 steps)."""
-    from transformers.trainer_utils import get_last_checkpoint
-
     return get_last_checkpoint(str(folder)) if folder.is_dir() else None
 
 
@@ -182,10 +183,6 @@ def finetune(options: FinetuneOptions, *, save_total_limit: int = 2, resume: boo
     `hitoban sft`, `ToneOptions` for `hitoban tone`); writes `out` + `out/summary.json`. With `--lora`, only a PEFT
     adapter trains and `out` is the adapter folder (with `--merge`: the merged model, the adapter in
     `out/adapter`)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import hitoban.modeling  # noqa: F401  (registers the Auto classes)
-
     started = time.time()
     o, lora = options, options.lora_settings()
     report_to = check_request(o, lora)
@@ -262,8 +259,6 @@ def read_and_filter(o: FinetuneOptions, log=print) -> tuple[dict, ChatFilter, li
 def split_examples(examples: list[dict], o: FinetuneOptions):
     """Training and validation datasets: a `val_frac` share (at least one) drawn by `seed`, so that a resume or a
     rerun validates on the same conversations."""
-    from datasets import Dataset
-
     order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(o.seed)).tolist()
     n_val = max(1, int(len(examples) * o.val_frac))
     val = Dataset.from_list([examples[i] for i in order[:n_val]])
@@ -274,8 +269,6 @@ def split_examples(examples: list[dict], o: FinetuneOptions):
 def training_arguments(o: FinetuneOptions, out: Path, record: dict, report_to: list[str], save_total_limit: int):
     """The Trainer's settings: cosine schedule, evaluation and a checkpoint every `eval_steps`, the best model by
     validation loss kept at the end, the tracker run named after the fine-tune (the same on every resume)."""
-    from transformers import TrainingArguments
-
     return TrainingArguments(
         output_dir=str(out / "trainer"), learning_rate=o.lr, num_train_epochs=o.epochs, max_steps=o.max_steps,
         per_device_train_batch_size=o.batch_size, per_device_eval_batch_size=o.batch_size,
@@ -291,9 +284,6 @@ def training_arguments(o: FinetuneOptions, out: Path, record: dict, report_to: l
 def build_trainer(model, tok, args, train, val, out: Path, batch_size: int, quiet: bool):
     """The Trainer with the checked collator, which sees one batch first so that a degenerate mask is refused
     before training starts; TensorBoard logs go to one folder per --out (a resume continues its run)."""
-    from transformers import Trainer
-    from transformers.integrations import TensorBoardCallback
-
     collator = CheckedCollator(tok, label_pad_token_id=-100, pad_to_multiple_of=8)
     collator([train[i] for i in range(min(batch_size, len(train)))])  # refuse a degenerate mask before training
     trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=val, data_collator=collator,
@@ -302,7 +292,6 @@ def build_trainer(model, tok, args, train, val, out: Path, batch_size: int, quie
         if isinstance(callback, TensorBoardCallback):
             callback.logging_dir = str(out / "tensorboard")
     if quiet:  # the demo prints one line per stage: drop the Trainer's progress bar and per-log dict printing
-        from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
         trainer.remove_callback(ProgressCallback)
         trainer.remove_callback(PrinterCallback)

@@ -9,10 +9,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
 
 from hitoban.errors import ResourceError
-from hitoban.modeling import HitobanConfig
+from hitoban.modeling import HitobanConfig, HitobanForCausalLM
 from hitoban.training.data.reader import ShardReader
 from hitoban.training.device import DeviceOptions
 from hitoban.training.memory import (  # noqa: F401 - the preflight's rule, importable from here too
@@ -21,9 +24,11 @@ from hitoban.training.memory import (  # noqa: F401 - the preflight's rule, impo
     logits_bytes,
     memory_limit,
 )
+from hitoban.training.optim import build_optimizer
 from hitoban.training.pretrain.calibrate import HOURS_USABLE, measure
 from hitoban.training.pretrain.checkpoint import TrainState, current_slot
 from hitoban.training.pretrain.options import PretrainConfig
+from hitoban.training.step import train_step
 
 
 def steps_for_hours(cfg: PretrainConfig, run: Path, accelerator, train: ShardReader, context: int,
@@ -46,7 +51,6 @@ def steps_for_hours(cfg: PretrainConfig, run: Path, accelerator, train: ShardRea
     steps = torch.tensor(max(1, int(row["tok_per_sec"] * world * seconds) // (cfg.batch_size * context)),
                          device=accelerator.device)
     if world > 1:  # one budget for every rank: the slowest measurement decides
-        import torch.distributed as dist
 
         dist.all_reduce(steps, op=dist.ReduceOp.MIN)
     print(f"# --hours {cfg.hours:g}: {row['tok_per_sec'] * world:,.0f} tok/s measured -> {int(steps):,} steps "
@@ -66,12 +70,6 @@ def step_peak_bytes(config: HitobanConfig, micro_batch: int, context: int, accel
     allocator and stay: made inside the window, they would be held against an estimate of the night's own tensors,
     and so would the 8192^2 matmuls that measure an unknown GPU's peak. CPU: the profiler's memory timeline (its
     private reader; where it fails, no number)."""
-    import numpy as np
-
-    from hitoban.modeling import HitobanForCausalLM
-    from hitoban.training.optim import build_optimizer
-    from hitoban.training.step import train_step
-
     device = accelerator.device
     if device.type not in ("cuda", "cpu"):
         return None, f"no allocator peak on {device.type}"
@@ -95,7 +93,6 @@ def step_peak_bytes(config: HitobanConfig, micro_batch: int, context: int, accel
         steps(config, prepare=True, count=2)
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - before, "CUDA allocator peak after a warm-up step"
-    from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as run:
         steps(config, prepare=True, count=2)

@@ -23,6 +23,7 @@ from hitoban.modeling import HitobanForCausalLM
 from hitoban.options import argv_for
 from hitoban.provenance import write_json
 from hitoban.training import night
+from hitoban.training.data.reader import ShardReader
 from hitoban.training.device import set_up
 from hitoban.training.hardware import (
     choose_compile,
@@ -139,8 +140,6 @@ def _spread(times: list[float]) -> float:
 def calibrate(options: CalibrateOptions, log=print) -> dict:
     """Measure each "PRESET:BATCH" candidate with the real training step and pick the night's run; with
     `options.out`, also write the result there as JSON."""
-    from hitoban.training.data.reader import ShardReader
-
     reset_accelerate_state(cpu=options.cpu)
     chosen = set_up(options.cpu, options.precision)  # the night's own device resolution
     facts, plan, precision, accelerator = chosen.facts, chosen.plan, chosen.precision, chosen.accelerator

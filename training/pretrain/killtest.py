@@ -27,37 +27,36 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from hitoban.errors import UsageError
+from hitoban.modeling import HitobanConfig, HitobanForCausalLM
+from hitoban.modeling.loading import device_for
 from hitoban.options import argv_for, flag_of
 from hitoban.provenance import weights_sha256, write_json
 from hitoban.run_folder import RunFolder
 from hitoban.training import faults
+from hitoban.training.data.reader import ShardReader
+from hitoban.training.optim import SCALER_PREFIX, AdamW
 from hitoban.training.pretrain.checkpoint import (
     TrainState,
     current_slot,
     drop_optimizer_state,
+    load_checkpoint,
+    state_digest,
 )
 from hitoban.training.pretrain.options import KillTestOptions, PretrainConfig
 
 
 def batch_hash(data: str | os.PathLike) -> str:
     """Hash of the batches for steps 1, 7, 4242, 100000: computed here and in a child process, they must match."""
-    from hitoban.training.data.reader import ShardReader
-
     reader = ShardReader(data)
     return hashlib.sha256(b"".join(reader.batch(4242, s, 4, 32).tobytes() for s in (1, 7, 4242, 100000))).hexdigest()
 
 
 def restore_check(slot: Path, digest_file: Path) -> dict:
     """Check [A]: load `slot` into freshly built objects and compare their digest with the in-memory one."""
-    from safetensors import safe_open
-
-    from hitoban.modeling import HitobanConfig, HitobanForCausalLM
-    from hitoban.training.optim import SCALER_PREFIX, AdamW
-    from hitoban.training.pretrain.checkpoint import load_checkpoint, state_digest
-
     model = HitobanForCausalLM(HitobanConfig.from_pretrained(slot))
     optimizer = AdamW(model.parameters())
     with safe_open(str(slot / "optimizer.safetensors"), "pt") as f:  # an fp16 run's slot holds its scaler too
@@ -118,8 +117,6 @@ def runs_in_parallel(options: list[str], device_type: str | None = None) -> bool
     """Two of the harness's runs at once only on the CPU (one thread each, separate cores): on a GPU two nights of
     the same shape need twice the memory, which a 12-24 GB card does not have."""
     if device_type is None:
-        from hitoban.modeling.loading import device_for
-
         device_type = device_for(flag_of(PretrainConfig, "cpu") in options).type
     return device_type == "cpu"
 

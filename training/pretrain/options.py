@@ -1,6 +1,7 @@
 """`hitoban pretrain`'s options, defined once (hitoban/options.py): the trajectory (what the kill test must
 run exactly) and the run's budget, folder and bookkeeping. `hitoban killtest`, `calibrate` and `--supervise` take
-theirs from here too. Standard library only at import: `hitoban --help` builds every parser without torch."""
+theirs from here too. Standard library only at import: `hitoban --help` builds every parser without torch.
+Lazy imports: the model presets (torch) load only when a shape is resolved."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 
 
 class StopFlag:
@@ -39,8 +40,6 @@ def host_group():
     """A process group whose collectives run on host memory (gloo): a flag reduced over it never makes the host
     wait for the GPU. Over NCCL, whose collectives take device tensors, reading a shared flag every step would
     synchronise the host with the device's queue every step. None: the default group is gloo already."""
-    import torch.distributed as dist
-
     if dist.get_backend() == "gloo":
         return None
     if not _HOST_GROUP:
@@ -54,7 +53,6 @@ def shared_any(accelerator, *flags: bool) -> list[bool]:
     that never comes (a hang). The flags travel as a host tensor over `host_group` (no device sync)."""
     if accelerator.num_processes == 1:
         return [bool(f) for f in flags]
-    import torch.distributed as dist
 
     tensor = torch.tensor([float(f) for f in flags])
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=host_group())

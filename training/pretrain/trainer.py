@@ -26,6 +26,7 @@ import torch
 from hitoban.errors import UsageError
 from hitoban.modeling import PRESETS
 from hitoban.provenance import read_lineage
+from hitoban.run_folder import RunFolder
 from hitoban.training import faults, night
 from hitoban.training.data.reader import ShardReader
 from hitoban.training.data.shards import load_index, sha256_file
@@ -37,6 +38,7 @@ from hitoban.training.hardware import (
     matmul_peak,
 )
 from hitoban.training.pretrain.budget import memory_preflight, steps_for_hours
+from hitoban.training.pretrain.calibrate import compile_gain
 from hitoban.training.pretrain.checkpoint import (
     PREVIOUS_RUN,
     CheckpointError,
@@ -162,8 +164,6 @@ class Trainer:
         cfg, world = self.cfg, self.world
 
         def measured_gain() -> dict:
-            from hitoban.training.pretrain.calibrate import compile_gain
-
             return compile_gain(cfg.preset, micro, self.train_data.vocab_size, self.context, self.accelerator,
                                 self.train_data, cfg.optimizer, plan.muon_dtype)
 
@@ -323,7 +323,6 @@ class Trainer:
     def _announce(self) -> None:
         """config.json, the device and resume records, and the one-paragraph plan."""
         cfg, state, fp, monitor = self.cfg, self.state, self.state.fingerprint, self.monitor
-        from hitoban.run_folder import RunFolder
 
         RunFolder(self.folder).write_config(
             "pretrain-run", given={k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("data", "out")},
@@ -364,7 +363,6 @@ class Trainer:
                    "mfu_peak": self.peak_source, "compiled": self.compiled}
         if self.main:
             final_lineage = read_lineage(self.folder / "final") if (self.folder / "final").exists() else None
-            from hitoban.run_folder import RunFolder
 
             RunFolder(self.folder).write_summary("pretrain-summary", {
                 "run_id": state.run_id, **summary, "final_weights_sha256": (final_lineage or {}).get("weights_sha256"),

@@ -84,7 +84,7 @@ def test_a_loopback_federation_survives_a_killed_machine_and_a_killed_server(tin
     run, port, budget = tmp_path / "run", free_port(), CTX * BATCH * 16
     serve = ["federate", "serve", "--data", str(tiny_shards), "--out", str(run), "--preset", "tiny", "--context",
              str(CTX), "--batch-size", str(BATCH), "--tokens", str(budget), "--inner-steps", "3", "--probe-steps", "2",
-             "--cpu", "--eval-batches", "2", "--port", str(port), "--keys", str(keys), "--min-machines", "2",
+             "--eval-batches", "2", "--port", str(port), "--keys", str(keys), "--min-machines", "2",
              "--lease-minutes", "0.5"]
 
     def join(name: str, **env) -> subprocess.Popen:

@@ -147,11 +147,12 @@ def test_an_fp16_night_resumes_exactly_with_its_gradient_scaler(tiny_shards, tmp
     counted, not reported as trained; a run cut after one step ends bit for bit on the uninterrupted run, scaler
     included (the kill test's exact comparison). Control: the same cut resumed without restoring the scaler (what
     every resume did) differs."""
+    from hitoban.training import hardware
     from hitoban.training.pretrain import checkpoint as checkpoint_module
     from hitoban.training.pretrain import trainer as trainer_module
     from hitoban.training.pretrain.killtest import bit_identical
 
-    monkeypatch.setattr(trainer_module, "check_precision", lambda *args, **kwargs: None)
+    monkeypatch.setattr(hardware, "check_precision", lambda *args, **kwargs: None)  # read by training/device.py
     monkeypatch.setattr(trainer_module, "matmul_peak", lambda *args: (1e12, "not measured (test)"))
     scaler = torch.amp.GradScaler
     monkeypatch.setattr(torch.amp, "GradScaler", lambda device: scaler(device, init_scale=2.0**24, growth_interval=3))
