@@ -30,9 +30,14 @@ def _corpus(args) -> int:
     target = int(options.target_chars) if options.target_chars else None
     manifest = build_corpus(sources, options.out, target, parse_pairs(options.share), options.filter_settings(),
                             mask_pii=options.mask_pii, seed=options.seed)
+    account, filters = manifest["characters"], manifest["filters"]
+    split = (f"; {filters['long_documents']:,} documents over --max-chars split into {filters['split_pieces']:,}"
+             if filters["split_pieces"] else "")
     print(f"corpus: {manifest['total_documents']:,} documents, {manifest['total_chars']:,} chars in "
           f"{manifest['elapsed_seconds']} s; rejected {manifest['filters']['rejected']}; "
           f"PII masked {manifest['pii_masks']} -> {options.out}")
+    print(f"characters: {account['kept']:,} kept of {account['read']:,} read ({account['cleaned_away']:,} cleaned "
+          f"away; dropped {account['dropped'] or 'none'}){split}")
     return 0
 
 

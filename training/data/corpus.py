@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from hitoban.errors import InputError, OutputExistsError
 from hitoban.files import check_fields, decode_error, read_json, read_text, require_file
 from hitoban.provenance import hitoban_version
-from hitoban.training.data.filters import DocumentFilter, FilterSettings, PIIMasker
+from hitoban.training.data.filters import REASONS, DocumentFilter, FilterSettings, PIIMasker
 from hitoban.training.data.options import DECODE_ERRORS, ENCODING, HUB_SOURCE_NAMES, LOCAL_LICENSE, SEED, TEXT_FIELD
 
 # Pinned revisions (3LM's): a rebuilt corpus is the same corpus.
@@ -246,7 +246,9 @@ def build_corpus(
             "seed": seed,
             "sources": per_source,
             "filters": {**settings.to_dict(), "rejected": dict(doc_filter.rejected),
-                        "truncated": doc_filter.truncated},
+                        "truncated": doc_filter.truncated, "long_documents": doc_filter.long,
+                        "split_pieces": doc_filter.split_pieces},
+            "characters": character_account(doc_filter),
             "pii_masks": {"enabled": mask_pii, **dict(masker.counts),
                           "log": PII_LOG if mask_pii else None},
             "output": {"name": "documents.jsonl", "sha256": sha256,
@@ -274,22 +276,33 @@ def _write_documents(tmp: Path, sources: list[Source], targets: dict[str, float]
             docs = chars = seen = 0
             for raw in source.documents():
                 seen += 1
-                text = doc_filter.apply(raw)
-                if text is None:
-                    continue
-                if masker is not None:
-                    text = _mask(text, masker, pii_log)
-                line = json.dumps({"text": text, "source": source.name}, ensure_ascii=False) + "\n"
-                writer.write(line)
-                digest.update(line.encode("utf-8"))
-                docs, chars = docs + 1, chars + len(text)
-                bar.update(len(text))
+                for text in doc_filter.pieces(raw):  # a long document's pieces are documents of their own
+                    if masker is not None:
+                        text = _mask(text, masker, pii_log)
+                    line = json.dumps({"text": text, "source": source.name}, ensure_ascii=False) + "\n"
+                    writer.write(line)
+                    digest.update(line.encode("utf-8"))
+                    docs, chars = docs + 1, chars + len(text)
+                    bar.update(len(text))
+                    if chars >= targets[source.name]:
+                        break
                 if chars >= targets[source.name]:
                     break
             seen_total += seen
             per_source.append({**source.describe(), "documents_seen": seen, "documents": docs, "chars": chars})
         bar.close()
     return per_source, seen_total, digest.hexdigest()
+
+
+def character_account(doc_filter: DocumentFilter) -> dict:
+    """Where every character read went: kept (before PII masking), removed by cleaning (boilerplate, control
+    characters, runs of whitespace), or dropped, by reason (`truncated`: cut off by `--long-docs truncate`); and the
+    share kept of what passed the filters, the number a user who brings novels asks for."""
+    counts = doc_filter.chars
+    dropped = {reason: counts[reason] for reason in (*REASONS, "truncated") if counts[reason]}
+    passed = counts["kept"] + counts["truncated"]
+    return {"read": counts["read"], "kept": counts["kept"], "cleaned_away": counts["cleaned_away"],
+            "dropped": dropped, "kept_of_passing": round(counts["kept"] / passed, 6) if passed else None}
 
 
 def _mask(text: str, masker: PIIMasker, pii_log) -> str:

@@ -2,12 +2,17 @@
 
 The filters run in 3LM's order with its thresholds; the first failure rejects the document and the reason is
 counted. Cleaning never applies NFKC: full-width punctuation is part of Japanese text.
+A document longer than `max_chars` is split at sentence ends into pieces of at most `max_chars` that each pass the
+filters on their own (`long_docs="split"`, the default: a novel is kept whole, not its first 20,000 characters);
+`long_docs="truncate"` keeps the first `max_chars` (3LM's rule for web pages). Every character read is accounted
+for (`DocumentFilter.chars`): kept, removed by cleaning, or dropped by the reason that dropped it.
 PII masking runs on accepted text: e-mail addresses, Japanese phone numbers and Luhn-valid card numbers become
 placeholders before anything is written, so no later step (tokenizer, shards, model) ever sees them.
 Lazy imports: datasketch (MinHash) loads only when near-duplicate filtering runs."""
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import hmac
 import re
@@ -33,6 +38,9 @@ _WHITESPACE = re.compile(r"\s+")
 _JAPANESE = re.compile(r"[\u3040-\u309F\u30A0-\u30FF\u4E00-\u9FFF々〆ー、。「」]")
 
 REASONS = ("bad_page", "too_short", "low_japanese_ratio", "repetition", "duplicate", "near_duplicate")
+LONG_DOCS = ("split", "truncate")
+# where a long document may be cut: after a sentence's end (with its closing brackets), or a kept line break
+SENTENCE_END = re.compile(r"[。！？!?]+[」』）)】〕\"']*\s*|\n")
 
 
 @dataclass
@@ -49,6 +57,11 @@ class FilterSettings:
     dedup_prefix_chars: int = 200
     near_dup_threshold: float | None = 0.85  # MinHash-LSH Jaccard threshold; None turns near-dup off
     keep_newlines: bool = False  # 3LM joins kept lines with spaces; keep them for prose that needs line breaks
+    long_docs: str = "split"  # over max_chars: "split" at sentence ends, or "truncate" (3LM)
+
+    def __post_init__(self):
+        if self.long_docs not in LONG_DOCS:
+            raise ValueError(f"long_docs={self.long_docs!r}: choose one of {LONG_DOCS}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -69,6 +82,29 @@ def clean(text: str, settings: FilterSettings) -> str:
     joined = " ".join(lines)
     joined = "".join(ch for ch in joined if unicodedata.category(ch)[0] != "C" or ch in "\n\t")
     return _WHITESPACE.sub(" ", joined).strip()
+
+
+def split_long(text: str, max_chars: int) -> list[str]:
+    """`text` in pieces of at most `max_chars`, cut after sentence ends (else at a space, else hard) into about equal
+    pieces, so no tail is a scrap: `"".join(pieces) == text`."""
+    if len(text) <= max_chars:
+        return [text]
+    target = len(text) / -(-len(text) // max_chars)
+    ends = [m.end() for m in SENTENCE_END.finditer(text)]
+    pieces, start = [], 0
+    while len(text) - start > max_chars:
+        limit = start + max_chars
+        later = bisect.bisect_left(ends, start + target)
+        if later < len(ends) and ends[later] <= limit:
+            cut = ends[later]  # the first sentence end past the equal share
+        else:
+            before = bisect.bisect_right(ends, limit) - 1
+            space = text.rfind(" ", start + 1, limit)
+            cut = (ends[before] if before >= 0 and ends[before] > start
+                   else space + 1 if space > start else limit)
+        pieces.append(text[start:cut])
+        start = cut
+    return pieces + [text[start:]]
 
 
 def is_repetitive(text: str, window: int = 20, limit: int = 4) -> bool:
@@ -112,37 +148,74 @@ class DocumentFilter:
     """Stateful filter (it remembers what it has seen for de-duplication). `apply` returns text or None."""
 
     settings: FilterSettings = field(default_factory=FilterSettings)
-    rejected: Counter = field(default_factory=Counter)
-    truncated: int = 0
+    rejected: Counter = field(default_factory=Counter)  # documents (or pieces) by reason
+    chars: Counter = field(default_factory=Counter)  # read, cleaned_away, kept, and dropped by reason
+    truncated: int = 0  # long documents cut to max_chars (long_docs="truncate")
+    long: int = 0  # documents over max_chars
+    split_pieces: int = 0  # the pieces they were split into (long_docs="split")
 
     def __post_init__(self):
         self._prefixes: set[bytes] = set()
         self._near = NearDuplicates(self.settings.near_dup_threshold) if self.settings.near_dup_threshold else None
 
-    def apply(self, raw: str) -> str | None:
-        s = self.settings
+    def pieces(self, raw: str) -> list[str]:
+        """The documents `raw` becomes: none (rejected), one, or, over `max_chars`, the pieces of `split_long` that
+        pass the filters (or its first `max_chars` with `long_docs="truncate"`). Every character is counted."""
+        s, chars = self.settings, self.chars
+        chars["read"] += len(raw)
         if s.bad_pages and BAD_PAGE.search(raw):
-            return self._reject("bad_page")
+            return self._reject("bad_page", len(raw))
         text = clean(raw, s)
+        chars["cleaned_away"] += len(raw) - len(text)
         if len(text) < s.min_chars:
-            return self._reject("too_short")
+            return self._reject("too_short", len(text))
+        parts = [text]
         if len(text) > s.max_chars:
-            text, self.truncated = text[: s.max_chars], self.truncated + 1
+            self.long += 1
+            if s.long_docs == "truncate":
+                self.truncated += 1
+                chars["truncated"] += len(text) - s.max_chars
+                parts = [text[: s.max_chars]]
+            else:
+                split = split_long(text, s.max_chars)
+                parts = [part.strip() for part in split]  # the space after a sentence end, at a cut
+                chars["cleaned_away"] += sum(map(len, split)) - sum(map(len, parts))
+                self.split_pieces += len(parts)
+        kept = [part for part in parts if part and self._passes(part)]
+        chars["kept"] += sum(map(len, kept))
+        return kept
+
+    def apply(self, raw: str) -> str | None:
+        """One document in, at most one out (the first piece of a long one): `pieces` for a whole corpus."""
+        kept = self.pieces(raw)
+        return kept[0] if kept else None
+
+    def _passes(self, text: str) -> bool:
+        """The filters a piece must pass on its own: its language, repetition, and (near-)duplicates."""
+        reason = self._failed(text)
+        if reason is not None:
+            self._reject(reason, len(text))
+        return reason is None
+
+    def _failed(self, text: str) -> str | None:
+        s = self.settings
         if japanese_ratio(text) < s.min_japanese_ratio:
-            return self._reject("low_japanese_ratio")
+            return "low_japanese_ratio"
         if s.repeat_limit and is_repetitive(text, s.repeat_window, s.repeat_limit):
-            return self._reject("repetition")
+            return "repetition"
         prefix = hashlib.blake2b(text[: s.dedup_prefix_chars].encode("utf-8"), digest_size=16).digest()
         if prefix in self._prefixes:
-            return self._reject("duplicate")
+            return "duplicate"
         self._prefixes.add(prefix)
         if self._near is not None and self._near.seen_before(text):
-            return self._reject("near_duplicate")
-        return text
-
-    def _reject(self, reason: str) -> None:
-        self.rejected[reason] += 1
+            return "near_duplicate"
         return None
+
+    def _reject(self, reason: str, chars: int) -> list:
+        """Count a rejection and the characters it dropped; returns no pieces."""
+        self.rejected[reason] += 1
+        self.chars[reason] += chars
+        return []
 
 
 # ---------------------------------------------------------------------------------------------------------------

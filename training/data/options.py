@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hitoban.options import Checked, option
-from hitoban.training.data.filters import FilterSettings
+from hitoban.training.data.filters import LONG_DOCS, FilterSettings
 
 SEED = 1234  # the data stage's seed: sampling Hub sources, the tokenizer's sample and SentencePiece, the shard index
 CONTEXT = 512  # tokens per window: the tokenizer's model_max_length, the shortest train split shards accept
@@ -54,7 +54,11 @@ class CorpusOptions(Checked):
     share: list[str] = option(help="share of the target per source (default aozora=0.10 when mixed, the rest split "
                                    "evenly)", factory=list, repeat=True, metavar="NAME=FRACTION")
     min_chars: int = option(_FILTERS.min_chars, "shorter documents are rejected (3LM)", min=0)
-    max_chars: int = option(_FILTERS.max_chars, "longer documents are truncated", min=1)
+    max_chars: int = option(_FILTERS.max_chars, "the longest document: a longer one is split at sentence ends into "
+                                                "pieces that each pass the filters (or cut: --long-docs)", min=1)
+    long_docs: str = option(_FILTERS.long_docs, "documents over --max-chars: split (keep them whole, in pieces) or "
+                                                "truncate (keep the first --max-chars, 3LM's rule for web pages)",
+                            choices=LONG_DOCS)
     min_ja_ratio: float = option(_FILTERS.min_japanese_ratio, "documents with a smaller share of Japanese characters "
                                                               "are rejected (3LM)", min=0, max=1)
     near_dup: float = option(_FILTERS.near_dup_threshold, "MinHash-LSH Jaccard threshold for near-duplicates (0 turns "
@@ -66,7 +70,8 @@ class CorpusOptions(Checked):
     def filter_settings(self) -> FilterSettings:
         """The filters these options ask for (the rest at FilterSettings' defaults); --near-dup 0 turns it off."""
         return FilterSettings(min_chars=self.min_chars, max_chars=self.max_chars, min_japanese_ratio=self.min_ja_ratio,
-                              near_dup_threshold=self.near_dup or None, keep_newlines=self.keep_newlines)
+                              near_dup_threshold=self.near_dup or None, keep_newlines=self.keep_newlines,
+                              long_docs=self.long_docs)
 
 
 @dataclass(kw_only=True)

@@ -49,7 +49,7 @@ def test_each_filter_rejects_for_its_reason():
 
 
 def test_near_duplicate_detection_can_be_turned_off_and_long_documents_truncate():
-    f = DocumentFilter(FilterSettings(near_dup_threshold=None, max_chars=300))
+    f = DocumentFilter(FilterSettings(near_dup_threshold=None, max_chars=300, long_docs="truncate"))  # 3LM's rule
     first = japanese_doc(2, 800)
     assert len(f.apply(first)) == 300 and f.truncated == 1
     assert f.apply("冒頭を変えた" + first[6:]) is not None
