@@ -29,7 +29,7 @@ def _corpus(args) -> int:
                                     errors=options.errors))
     target = int(options.target_chars) if options.target_chars else None
     manifest = build_corpus(sources, options.out, target, parse_pairs(options.share), options.filter_settings(),
-                            mask_pii=options.mask_pii, seed=options.seed)
+                            mask_pii=options.mask_pii, seed=options.seed, workers=options.workers)
     account, filters = manifest["characters"], manifest["filters"]
     split = (f"; {filters['long_documents']:,} documents over --max-chars split into {filters['split_pieces']:,}"
              if filters["split_pieces"] else "")

@@ -31,6 +31,7 @@ from hitoban.files import check_fields, decode_error, read_json, read_text, requ
 from hitoban.provenance import hitoban_version
 from hitoban.training.data.filters import REASONS, DocumentFilter, FilterSettings, PIIMasker
 from hitoban.training.data.options import DECODE_ERRORS, ENCODING, HUB_SOURCE_NAMES, LOCAL_LICENSE, SEED, TEXT_FIELD
+from hitoban.training.data.workers import examined
 
 # Pinned revisions (3LM's): a rebuilt corpus is the same corpus.
 HUB_SOURCES = {
@@ -215,8 +216,10 @@ def build_corpus(
     mask_pii: bool = True,
     seed: int = SEED,
     progress: bool = True,
+    workers: int = 1,
 ) -> dict:
-    """Stream every source through the filters and the PII masker into `out`; returns the manifest."""
+    """Stream every source through the filters and the PII masker into `out`; returns the manifest. `workers`
+    processes run the per-document filters (training/data/workers.py); the output is the same for any number."""
     started = time.time()
     out = Path(out)
     if out.exists():
@@ -231,7 +234,7 @@ def build_corpus(
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
     try:
         per_source, seen_total, sha256 = _write_documents(
-            tmp, sources, targets, doc_filter, masker if mask_pii else None, target_chars, progress)
+            tmp, sources, targets, doc_filter, masker if mask_pii else None, target_chars, progress, workers)
         if not mask_pii:
             (tmp / PII_LOG).unlink()
         _refuse_empty(per_source, seen_total, doc_filter, settings)
@@ -264,7 +267,7 @@ def build_corpus(
 
 def _write_documents(tmp: Path, sources: list[Source], targets: dict[str, float], doc_filter: DocumentFilter,
                      masker: PIIMasker | None, target_chars: int | None,
-                     progress: bool) -> tuple[list[dict], int, str]:
+                     progress: bool, workers: int = 1) -> tuple[list[dict], int, str]:
     """Stream each source, in order, through the filters (and `masker`, unless PII masking is off) into
     `tmp/documents.jsonl` until the source's share of characters is reached; the sha256 is taken while writing so
     the finished file is never read again. Returns each source's counts, the documents read, and the sha256."""
@@ -274,9 +277,9 @@ def _write_documents(tmp: Path, sources: list[Source], targets: dict[str, float]
         bar = tqdm(total=target_chars, unit="char", unit_scale=True, desc="corpus", disable=not progress or None)
         for source in sources:
             docs = chars = seen = 0
-            for raw in source.documents():
+            for found in examined(source.documents(), doc_filter.settings, workers):
                 seen += 1
-                for text in doc_filter.pieces(raw):  # a long document's pieces are documents of their own
+                for text in doc_filter.admit(found):  # a long document's pieces are documents of their own
                     if masker is not None:
                         text = _mask(text, masker, pii_log)
                     line = json.dumps({"text": text, "source": source.name}, ensure_ascii=False) + "\n"

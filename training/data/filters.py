@@ -13,6 +13,7 @@ Lazy imports: datasketch (MinHash) loads only when near-duplicate filtering runs
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import hmac
 import re
@@ -121,21 +122,45 @@ def is_repetitive(text: str, window: int = 20, limit: int = 4) -> bool:
     return False
 
 
+NEAR_DUP_PERMUTATIONS, NEAR_DUP_SEED, NEAR_DUP_SAMPLE = 64, 1, 2000
+NEAR_DUP_SCHEME = "affine32"  # datasketch 2's default, named: signatures made in another process must match
+
+
+@functools.cache
+def _minhash_permutations():
+    """datasketch's permutations for the near-duplicate signature, made once per process (not once per document)."""
+    from datasketch import MinHash
+
+    return MinHash(num_perm=NEAR_DUP_PERMUTATIONS, seed=NEAR_DUP_SEED, scheme=NEAR_DUP_SCHEME).permutations
+
+
+def near_dup_signature(text: str):
+    """The MinHash signature (hash values) of `text`'s first 2,000 characters' 5-grams: a pure function of the text,
+    so it can be computed in any process."""
+    from datasketch import MinHash
+
+    sample = text[:NEAR_DUP_SAMPLE]
+    shingles = {sample[i : i + 5].encode("utf-8") for i in range(max(1, len(sample) - 4))}
+    signature = MinHash(num_perm=NEAR_DUP_PERMUTATIONS, seed=NEAR_DUP_SEED, permutations=_minhash_permutations(),
+                        scheme=NEAR_DUP_SCHEME)
+    signature.update_batch(list(shingles))
+    return signature.hashvalues
+
+
 class NearDuplicates:
     """MinHash LSH over character 5-grams (datasketch): catches re-posted pages that differ in a few words."""
 
-    def __init__(self, threshold: float, num_perm: int = 64, seed: int = 1):
-        from datasketch import MinHash, MinHashLSH
+    def __init__(self, threshold: float):
+        from datasketch import MinHashLSH
 
-        self._minhash, self._num_perm, self._seed = MinHash, num_perm, seed
-        self.lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
+        self.lsh = MinHashLSH(threshold=threshold, num_perm=NEAR_DUP_PERMUTATIONS)
         self.count = 0
 
-    def seen_before(self, text: str) -> bool:
-        sample = text[:2000]
-        shingles = {sample[i : i + 5].encode("utf-8") for i in range(max(1, len(sample) - 4))}
-        signature = self._minhash(num_perm=self._num_perm, seed=self._seed)
-        signature.update_batch(list(shingles))
+    def seen_before(self, hashvalues) -> bool:
+        """Whether a signature (`near_dup_signature`) is near one seen before; if not, it is remembered."""
+        from datasketch import LeanMinHash
+
+        signature = LeanMinHash(seed=NEAR_DUP_SEED, hashvalues=hashvalues, scheme=NEAR_DUP_SCHEME)
         if self.lsh.query(signature):
             return True
         self.lsh.insert(str(self.count), signature, check_duplication=False)
@@ -144,8 +169,61 @@ class NearDuplicates:
 
 
 @dataclass
+class Examined:
+    """What one raw document became before de-duplication (`examine`: a pure function, run in any process): the
+    pieces that passed the per-piece filters with their duplicate keys, and the counts of everything else."""
+
+    pieces: list  # (text, prefix hash, near-duplicate signature or None), in the document's order
+    chars: Counter  # read, cleaned_away, truncated, and characters dropped by reason
+    rejected: Counter  # documents or pieces rejected, by reason
+    long: int = 0
+    truncated: int = 0
+    split_pieces: int = 0
+
+
+def examine(raw: str, s: FilterSettings) -> Examined:
+    """3LM's filters up to de-duplication, in its order: bad page, cleaning, length (a long document split at
+    sentence ends, or truncated), then each piece's language and repetition."""
+    found = Examined([], Counter(read=len(raw)), Counter())
+    if s.bad_pages and BAD_PAGE.search(raw):
+        return _dropped(found, "bad_page", len(raw))
+    text = clean(raw, s)
+    found.chars["cleaned_away"] += len(raw) - len(text)
+    if len(text) < s.min_chars:
+        return _dropped(found, "too_short", len(text))
+    parts = [text]
+    if len(text) > s.max_chars:
+        found.long = 1
+        if s.long_docs == "truncate":
+            found.truncated = 1
+            found.chars["truncated"] += len(text) - s.max_chars
+            parts = [text[: s.max_chars]]
+        else:
+            split = split_long(text, s.max_chars)
+            parts = [part.strip() for part in split]  # the space after a sentence end, at a cut
+            found.chars["cleaned_away"] += sum(map(len, split)) - sum(map(len, parts))
+            found.split_pieces = len(parts)
+    for part in filter(None, parts):
+        if japanese_ratio(part) < s.min_japanese_ratio:
+            _dropped(found, "low_japanese_ratio", len(part))
+        elif s.repeat_limit and is_repetitive(part, s.repeat_window, s.repeat_limit):
+            _dropped(found, "repetition", len(part))
+        else:
+            prefix = hashlib.blake2b(part[: s.dedup_prefix_chars].encode("utf-8"), digest_size=16).digest()
+            found.pieces.append((part, prefix, near_dup_signature(part) if s.near_dup_threshold else None))
+    return found
+
+
+def _dropped(found: Examined, reason: str, chars: int) -> Examined:
+    found.rejected[reason] += 1
+    found.chars[reason] += chars
+    return found
+
+
+@dataclass
 class DocumentFilter:
-    """Stateful filter (it remembers what it has seen for de-duplication). `apply` returns text or None."""
+    """The filters with their memory: it remembers what it has kept, for de-duplication, and counts everything.
+    `pieces` runs a document through all of them; `admit` finishes what `examine` did in another process."""
 
     settings: FilterSettings = field(default_factory=FilterSettings)
     rejected: Counter = field(default_factory=Counter)  # documents (or pieces) by reason
@@ -161,28 +239,26 @@ class DocumentFilter:
     def pieces(self, raw: str) -> list[str]:
         """The documents `raw` becomes: none (rejected), one, or, over `max_chars`, the pieces of `split_long` that
         pass the filters (or its first `max_chars` with `long_docs="truncate"`). Every character is counted."""
-        s, chars = self.settings, self.chars
-        chars["read"] += len(raw)
-        if s.bad_pages and BAD_PAGE.search(raw):
-            return self._reject("bad_page", len(raw))
-        text = clean(raw, s)
-        chars["cleaned_away"] += len(raw) - len(text)
-        if len(text) < s.min_chars:
-            return self._reject("too_short", len(text))
-        parts = [text]
-        if len(text) > s.max_chars:
-            self.long += 1
-            if s.long_docs == "truncate":
-                self.truncated += 1
-                chars["truncated"] += len(text) - s.max_chars
-                parts = [text[: s.max_chars]]
-            else:
-                split = split_long(text, s.max_chars)
-                parts = [part.strip() for part in split]  # the space after a sentence end, at a cut
-                chars["cleaned_away"] += sum(map(len, split)) - sum(map(len, parts))
-                self.split_pieces += len(parts)
-        kept = [part for part in parts if part and self._passes(part)]
-        chars["kept"] += sum(map(len, kept))
+        return self.admit(examine(raw, self.settings))
+
+    def admit(self, found: Examined) -> list[str]:
+        """De-duplicate an examined document's pieces against everything kept before (exact prefix, then near),
+        in order: the same decisions whichever process examined it."""
+        self.chars.update(found.chars)
+        self.rejected.update(found.rejected)
+        self.long, self.truncated = self.long + found.long, self.truncated + found.truncated
+        self.split_pieces += found.split_pieces
+        kept = []
+        for text, prefix, signature in found.pieces:
+            if prefix in self._prefixes:
+                self._reject("duplicate", len(text))
+                continue
+            self._prefixes.add(prefix)
+            if self._near is not None and self._near.seen_before(signature):
+                self._reject("near_duplicate", len(text))
+                continue
+            kept.append(text)
+        self.chars["kept"] += sum(map(len, kept))
         return kept
 
     def apply(self, raw: str) -> str | None:
@@ -190,32 +266,9 @@ class DocumentFilter:
         kept = self.pieces(raw)
         return kept[0] if kept else None
 
-    def _passes(self, text: str) -> bool:
-        """The filters a piece must pass on its own: its language, repetition, and (near-)duplicates."""
-        reason = self._failed(text)
-        if reason is not None:
-            self._reject(reason, len(text))
-        return reason is None
-
-    def _failed(self, text: str) -> str | None:
-        s = self.settings
-        if japanese_ratio(text) < s.min_japanese_ratio:
-            return "low_japanese_ratio"
-        if s.repeat_limit and is_repetitive(text, s.repeat_window, s.repeat_limit):
-            return "repetition"
-        prefix = hashlib.blake2b(text[: s.dedup_prefix_chars].encode("utf-8"), digest_size=16).digest()
-        if prefix in self._prefixes:
-            return "duplicate"
-        self._prefixes.add(prefix)
-        if self._near is not None and self._near.seen_before(text):
-            return "near_duplicate"
-        return None
-
-    def _reject(self, reason: str, chars: int) -> list:
-        """Count a rejection and the characters it dropped; returns no pieces."""
+    def _reject(self, reason: str, chars: int) -> None:
         self.rejected[reason] += 1
         self.chars[reason] += chars
-        return []
 
 
 # ---------------------------------------------------------------------------------------------------------------

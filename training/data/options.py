@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from hitoban.options import Checked, option
 from hitoban.training.data.filters import LONG_DOCS, FilterSettings
+from hitoban.training.data.workers import default_workers
 
 SEED = 1234  # the data stage's seed: sampling Hub sources, the tokenizer's sample and SentencePiece, the shard index
 CONTEXT = 512  # tokens per window: the tokenizer's model_max_length, the shortest train split shards accept
@@ -66,6 +67,8 @@ class CorpusOptions(Checked):
     keep_newlines: bool = option(_FILTERS.keep_newlines, "keep line breaks (3LM joins lines with spaces)")
     mask_pii: bool = option(True, "do not mask e-mails / phone numbers (not advised)", flag="--no-pii-mask")
     seed: int = option(SEED, "seed for sampling Hub sources", min=0)
+    workers: int = option(default_workers(), "processes for the filters (default: this machine's cores); the "
+                                             "corpus is the same for any number", min=1)
 
     def filter_settings(self) -> FilterSettings:
         """The filters these options ask for (the rest at FilterSettings' defaults); --near-dup 0 turns it off."""

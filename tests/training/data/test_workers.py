@@ -1,0 +1,78 @@
+"""Data preparation on every core (issue 37): the corpus built by N worker processes is byte-identical to one
+process's, duplicates, near-duplicates, split long documents and a character target included."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+import pytest
+
+from hitoban.training.data.corpus import build_corpus, local_source
+from hitoban.training.data.filters import FilterSettings
+from hitoban.training.data.workers import default_workers, examined
+
+
+def build(corpus, tmp_path, name: str, workers: int, target: int | None = None) -> tuple[str, dict]:
+    works = sorted((corpus / "literature").glob("0*.txt"))[:40]
+    copies = tmp_path / "copies"
+    if not copies.exists():  # exact and near duplicates of real works, so the de-duplication's order matters
+        copies.mkdir()
+        shutil.copy(works[0], copies / "again.txt")
+        text = works[1].read_text(encoding="utf-8")
+        (copies / "edited.txt").write_text(text[:300] + "。少し書き換えた。" + text[300:], encoding="utf-8")
+    web = sorted(str(p) for p in (corpus / "web-or-wiki").glob("*.txt"))
+    sources = [local_source([*map(str, works), str(copies)], name="literature", doc_per_file=True),
+               local_source(web, name="web")]
+    manifest = build_corpus(sources, tmp_path / name, target_chars=target,
+                            settings=FilterSettings(max_chars=8_000), progress=False, workers=workers)
+    manifest.pop("elapsed_seconds")
+    return hashlib.sha256((tmp_path / name / "documents.jsonl").read_bytes()).hexdigest(), manifest
+
+
+@pytest.mark.parametrize("target", [None, 300_000])
+def test_any_number_of_workers_writes_the_same_corpus(corpus, tmp_path, target):
+    one = build(corpus, tmp_path, "one", 1, target)
+    for workers in (2, 3):
+        assert build(corpus, tmp_path, f"w{workers}", workers, target) == one
+    manifest = one[1]
+    assert manifest["filters"]["rejected"].get("duplicate") and manifest["filters"]["split_pieces"]
+    if target:
+        assert 0 < manifest["total_chars"] <= target + 2 * 8_000  # stopped at the shares of the target
+
+
+def test_examined_keeps_the_order_and_stops_reading_when_asked():
+    settings = FilterSettings(min_chars=1, near_dup_threshold=None)
+    documents = [f"{'あ' * (i % 7 + 1)}文書{i}。" for i in range(1000)]
+    read = []
+
+    def source():
+        for document in documents:
+            read.append(document)
+            yield document
+
+    firsts = []
+    for found in examined(source(), settings, workers=2):
+        firsts.append(found.pieces[0][0])
+        if len(firsts) == 10:
+            break
+    assert firsts == documents[:10]
+    assert len(read) < len(documents)  # a bounded window was read, not the whole source
+    assert json.dumps(default_workers()) and default_workers() >= 1
+
+
+def test_negative_control_results_out_of_order_change_the_corpus(corpus, tmp_path, monkeypatch):
+    """If a worker's results were written in the order they finish (not the documents'), the comparison above
+    would see it: the same documents, two swapped, give another corpus."""
+    from hitoban.training.data import corpus as corpus_module
+
+    one = build(corpus, tmp_path, "one", 1)
+
+    def swapped(documents, settings, workers):
+        found = list(examined(documents, settings, workers))
+        found[0], found[1] = found[1], found[0]
+        yield from found
+
+    monkeypatch.setattr(corpus_module, "examined", swapped)
+    assert build(corpus, tmp_path, "swapped", 2)[0] != one[0]
