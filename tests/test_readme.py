@@ -57,7 +57,7 @@ def smaller(corpus: Path) -> list[tuple[str, str]]:
         ("--out eval/bpc.json", "--out eval/bpc.json --max-chars 50000"),
         ('"your-name/hitoban-3lm"', '"runs/sft"'),
         ("--preset 3lm --tokens 1e9 --keys keys --min-machines 2",
-         "--preset tiny --context 64 --batch-size 8 --tokens 8192 --inner-steps 4 --probe-steps 4 --cpu "
+         "--preset tiny --context 64 --batch-size 8 --tokens 8192 --inner-steps 4 --probe-steps 4 "
          "--eval-batches 2 --keys keys --min-machines 2"),
         ("--state machines/3060 >", "--state machines/3060 --cpu --wait-minutes 5 >"),
         ("--state machines/1050 >", "--state machines/1050 --cpu --wait-minutes 5 >"),
