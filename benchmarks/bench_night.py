@@ -33,6 +33,7 @@ from pathlib import Path
 from corpora import pick_corpus
 
 from hitoban.run_folder import RunFolder, setting
+from hitoban.training.data.shards import load_index
 
 TRAINER_RUN = r'''
 import json, sys, time
@@ -171,7 +172,7 @@ def main() -> None:
     bpc = bits_per_char(runs, domains, out)
     floors = {d: compressor_bpc(p.read_text(encoding="utf-8")) for d, p in domains.items()}
     config = RunFolder(out / "runs" / args.runs[0]).config()
-    train_tokens = json.loads((shards / "shards_index.json").read_text())["splits"]["train"]["tokens"]
+    train_tokens = load_index(shards)["splits"]["train"]["tokens"]
     rows = [{"run": label, "steps": budgets[label], "seconds": round(sec, 1),
              "passes": round(budgets[label] * 16 * 256 / train_tokens, 3),  # a night reads its text about once
              "tok_per_sec": round(budgets[label] * 16 * 256 / sec), "time_vs_trainer": round(sec / reference, 3),

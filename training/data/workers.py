@@ -4,7 +4,7 @@ order, while the one process that owns the corpus de-duplicates, masks and write
 output is byte-identical to one process (tests/training/data/test_workers.py), and memory stays bounded by one
 window of documents.
 
-Standard library only at import (the corpus verb's options read `default_workers`)."""
+Standard library and the filters (themselves light) at import: the corpus verb's options read `default_workers`."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import os
 import sys
 from collections import deque
 from collections.abc import Iterable, Iterator
+
+from hitoban.training.data.filters import examine
 
 WINDOW_PER_WORKER = 64  # documents handed to each worker per window: large enough to amortise the pickling
 _SETTINGS = None  # a worker's FilterSettings, set once by its initializer
@@ -33,16 +35,12 @@ def _start(settings) -> None:
 
 
 def _examine(raw: str):
-    from hitoban.training.data.filters import examine
-
     return examine(raw, _SETTINGS)
 
 
 def examined(documents: Iterable[str], settings, workers: int) -> Iterator:
     """`filters.examine` of every document, in the documents' order, on `workers` processes (1: this one). Stops
     reading when the caller stops iterating (a reached character target)."""
-    from hitoban.training.data.filters import examine
-
     if workers <= 1:
         yield from (examine(raw, settings) for raw in documents)
         return
