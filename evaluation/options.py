@@ -99,3 +99,11 @@ class KvcacheOptions(Checked):
     atol: float = option(KVCACHE_ATOL, "largest allowed |cached - recomputed| logit", above=0)
     break_rope_offset: bool = option(False, "negative control: feed new tokens at position 0; the check must then "
                                             "FAIL")
+
+
+@dataclass(kw_only=True)
+class PlotOptions(Checked):
+    """`hitoban plot`: a run's loss curves and its kill-test figure."""
+
+    run: str = option(help="a pretraining run folder (log.jsonl; killtest.json if present)", positional=True)
+    out: str | None = option(None, "folder for the PNGs (default RUN/plots)")

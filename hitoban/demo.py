@@ -24,6 +24,7 @@ from hitoban.errors import CheckFailed, OutputExistsError, UsageError
 from hitoban.options import argv_for
 from hitoban.provenance import write_json
 from hitoban.run_folder import RunFolder
+from hitoban.start_options import DEMO_STAGES
 
 REPO_ID = "your-name/hitoban-demo"
 
@@ -138,8 +139,7 @@ def check_from_pretrained(release: Path) -> str:
 
 
 DEMO_MARKER = "HITOBAN_DEMO"
-STAGES = ("corpus", "tokenizer", "shards", "calibrate", "pretrain", "sft", "eval", "leaks", "pii", "card", "upload",
-          "load")
+STAGES = DEMO_STAGES
 
 
 class DemoRun:

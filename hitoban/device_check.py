@@ -23,9 +23,10 @@ from hitoban.errors import CheckFailed
 from hitoban.options import argv_for
 from hitoban.provenance import write_json
 from hitoban.run_folder import RunFolder
+from hitoban.start_options import DEVICE_CHECK_STEPS
 
 HELD_OUT = 4  # built-in documents kept out of the corpus, for bits/char
-CONTEXT, BATCH, STEPS = 64, 8, 40
+CONTEXT, BATCH, STEPS = 64, 8, DEVICE_CHECK_STEPS
 
 
 @dataclasses.dataclass

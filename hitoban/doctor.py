@@ -17,12 +17,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hitoban.errors import CheckFailed
 from hitoban.provenance import write_json
+from hitoban.start_options import INSTALL_CHECK_STEPS
 from hitoban.training.data.corpus import builtin_documents
 from hitoban.training.data.tokenizer import train_tokenizer_from_texts
 from hitoban.training.tiny import token_stream, train_tiny, windows
 
 
-def run_doctor(out: str | Path, steps: int = 200, seed: int = 0, vocab_size: int = 1200, log=print) -> dict:
+def run_doctor(out: str | Path, steps: int = INSTALL_CHECK_STEPS, seed: int = 0, vocab_size: int = 1200,
+               log=print) -> dict:
     """Run the whole check; returns the report (also written to `out/doctor.json`). Raises if any check fails."""
     started = time.time()
     out = Path(out)

@@ -18,7 +18,8 @@ from hitoban.errors import UsageError
 
 def option(default=dataclasses.MISSING, help: str = "", *, factory=None, **meta):  # noqa: A002 - argparse's word
     """A dataclass field with its command-line help. `factory` makes a fresh default (a list). meta: choices, group
-    (a mutually exclusive group that must be given), flag (the spelling of a boolean switch), parse (a callable for
+    (a mutually exclusive group that must be given), flag (the spelling of a boolean switch), off and off_help (a
+    second switch that sets a boolean back, the pair exclusive: `--private` / `--public`), parse (a callable for
     the value), metavar, nargs, positional (an argument without a flag), repeat (given once per value); and the
     value's range, checked by `check_ranges` before anything is read or written: min, max (inclusive), above, below
     (exclusive)."""
@@ -33,7 +34,7 @@ RANGE_WORDS = {"min": ("at least", lambda v, b: v >= b), "max": ("at most", lamb
 
 def out_of_range(value, limits) -> str | None:
     """How `value` breaks `limits` (any of min, max, above, below among them), e.g. "must be at least 1"; None
-    when it keeps them. One rule for the dataclass options and the argparse ones."""
+    when it keeps them."""
     for key, (words, holds) in RANGE_WORDS.items():
         if key in limits and not holds(value, limits[key]):
             return f"must be {words} {limits[key]:g}"
@@ -50,19 +51,6 @@ def check_ranges(options) -> None:
         if (broken := out_of_range(value, f.metadata)) is not None:
             name = f.name if f.metadata.get("positional") else _flag(f)
             raise UsageError(f"{name} {value:g}: {broken}")
-
-
-def ranged(kind: type, **limits):
-    """An argparse type for a verb whose options are not (yet) a dataclass: the value converted by `kind` and held
-    to `limits` (min, max, above, below), else argparse's one-line error and exit 2."""
-    def convert(text: str):
-        value = kind(float(text)) if kind is int and "e" in text.lower() else kind(text)
-        if (broken := out_of_range(value, limits)) is not None:
-            raise argparse.ArgumentTypeError(f"{text}: {broken}")
-        return value
-
-    convert.__name__ = kind.__name__  # argparse names the type in its message
-    return convert
 
 
 class Checked:
@@ -102,6 +90,11 @@ def add_options(parser: argparse.ArgumentParser, cls: type, only: tuple[str, ...
             base = typing.get_args(base)[0]
         meta, kwargs = f.metadata, {"help": f.metadata.get("help", ""), "dest": f.name}
         default = _default(f)
+        if base is bool and meta.get("off"):
+            pair = parser.add_mutually_exclusive_group()
+            pair.add_argument(_flag(f), action="store_true", default=default, **kwargs)
+            pair.add_argument(meta["off"], action="store_false", dest=f.name, help=meta.get("off_help", ""))
+            continue
         if base is bool:
             kwargs.update(action="store_false" if default else "store_true", default=default)
         else:
@@ -113,7 +106,8 @@ def add_options(parser: argparse.ArgumentParser, cls: type, only: tuple[str, ...
             if meta.get("choices"):
                 kwargs["choices"] = meta["choices"]
             if meta.get("positional"):
-                parser.add_argument(f.name, **{k: v for k, v in kwargs.items() if v is not None and k != "dest"})
+                given = {k: v for k, v in kwargs.items() if v is not None and k != "dest"}
+                parser.add_argument(f.name, **given, **({} if default is dataclasses.MISSING else {"default": default}))
                 continue
             if default is dataclasses.MISSING:
                 kwargs["required"] = f.name not in optional and "group" not in meta
@@ -159,7 +153,8 @@ def argv_for(cls: type, **values) -> list[str]:
         if value is None:
             continue
         if isinstance(value, bool):
-            argv += [_flag(f)] if value != _default(f) else []
+            if value != _default(f):
+                argv += [f.metadata["off"] if f.metadata.get("off") and not value else _flag(f)]
         else:
             argv += [_flag(f), str(value)]
     return argv
@@ -173,5 +168,5 @@ def to_argv(options, cls: type | None = None, skip: tuple[str, ...] = ("data",))
     return argv_for(cls or type(options), **{name: getattr(options, name) for name in names})
 
 
-__all__ = ["Checked", "ranged", "add_options", "argv_for", "check_ranges", "flag_of", "from_args", "to_argv", "option",
+__all__ = ["Checked", "add_options", "argv_for", "check_ranges", "flag_of", "from_args", "to_argv", "option",
            "parse_count", "same_as"]

@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable
 
 from hitoban.errors import UsageError
+from hitoban.options import add_options, from_args
 
 VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
 
@@ -26,6 +27,17 @@ def verb(name: str, help: str):
         return register
 
     return decorate
+
+
+def verb_of(name: str, help: str, options: type):
+    """Register a verb whose options are the dataclass `options` (its one declaration): `run` receives the checked
+    dataclass, not argparse's namespace."""
+
+    def register(run):
+        VERBS[name] = (help, lambda parser: add_options(parser, options), lambda args: run(from_args(options, args)))
+        return run
+
+    return register
 
 
 def print_json(result: dict) -> None:

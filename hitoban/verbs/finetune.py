@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 from hitoban.errors import ExitCode
-from hitoban.verbs import verb
+from hitoban.training.finetune.options import ChatOptions, CheckMaskOptions
+from hitoban.verbs import verb, verb_of
 
 
-def _check_mask_args(p):
-    p.add_argument("--tokenizer", required=True, help="a tokenizer (or model) folder with the chat template")
-    p.add_argument("--control", choices=["shift", "drop_end"],
-                   help="negative control: corrupt the mask on purpose; the check must then FAIL")
-
-
-@verb("check-mask", "print and verify the assistant-only loss mask on fixed conversations")(_check_mask_args)
-def _check_mask(args) -> int:
+@verb_of("check-mask", "print and verify the assistant-only loss mask on fixed conversations", CheckMaskOptions)
+def _check_mask(options: CheckMaskOptions) -> int:
     from transformers import AutoTokenizer
 
     from hitoban.modeling.loading import check_tokenizer_folder
     from hitoban.training.finetune.sft import check_mask
 
-    folder = check_tokenizer_folder(args.tokenizer, chat_template=True)
-    passed = check_mask(AutoTokenizer.from_pretrained(folder), corruption=args.control)
+    folder = check_tokenizer_folder(options.tokenizer, chat_template=True)
+    passed = check_mask(AutoTokenizer.from_pretrained(folder), corruption=options.control)
     return 0 if passed else int(ExitCode.CHECK_FAILED)
 
 
@@ -57,16 +52,9 @@ def _tone(args) -> int:
     return _run_finetune(args, "ToneOptions")
 
 
-def _chat_args(p):
-    p.add_argument("model", help="a from_pretrained folder (e.g. RUN/final or an SFT output)")
-    p.add_argument("--precision", choices=["auto", "no", "bf16"], default="auto",
-                   help="weights in bf16 where the hardware has it (CUDA, AMX / AVX512-BF16 CPUs): about twice the "
-                        "tokens per second on a CPU; no: fp32, as saved")
-
-
-@verb("chat", "chat in the terminal: streaming, history, /reset /temp /topk /penalty /tokens /exit")(_chat_args)
-def _chat(args) -> int:
+@verb_of("chat", "chat in the terminal: streaming, history, /reset /temp /topk /penalty /tokens /exit", ChatOptions)
+def _chat(options: ChatOptions) -> int:
     from hitoban.chat import run_chat
 
-    run_chat(args.model, args.precision)
+    run_chat(options.model, options.precision)
     return 0

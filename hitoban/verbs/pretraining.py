@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from hitoban.errors import ExitCode
-from hitoban.options import ranged
-from hitoban.verbs import verb
+from hitoban.evaluation.options import PlotOptions
+from hitoban.training.pretrain.options import WatchOptions
+from hitoban.verbs import verb, verb_of
 
 
 def _pretrain_args(p):
@@ -63,17 +64,11 @@ def _killtest(args) -> int:
     return 0 if result["passed"] else int(ExitCode.CHECK_FAILED)
 
 
-def _watch_args(p):
-    p.add_argument("run", help="a pretraining run folder")
-    p.add_argument("--interval", type=ranged(float, above=0), default=10.0, help="seconds between refreshes")
-    p.add_argument("--once", action="store_true", help="print once and exit")
-
-
-@verb("watch", "show a run's progress, ETA and health from its heartbeat")(_watch_args)
-def _watch(args) -> int:
+@verb_of("watch", "show a run's progress, ETA and health from its heartbeat", WatchOptions)
+def _watch(options: WatchOptions) -> int:
     from hitoban.training.pretrain.watch import watch
 
-    watch(args.run, args.interval, args.once)
+    watch(options.run, options.interval, options.once)
     return 0
 
 
@@ -97,14 +92,9 @@ def _calibrate(args) -> int:
     return 0
 
 
-def _plot_args(p):
-    p.add_argument("run", help="a pretraining run folder (log.jsonl; killtest.json if present)")
-    p.add_argument("--out", help="folder for the PNGs (default RUN/plots)")
-
-
-@verb("plot", "loss curves (train, val, per-domain val, resumes) and the kill-test figure as PNG")(_plot_args)
-def _plot(args) -> int:
+@verb_of("plot", "loss curves (train, val, per-domain val, resumes) and the kill-test figure as PNG", PlotOptions)
+def _plot(options: PlotOptions) -> int:
     from hitoban.evaluation.plots import plot_run
 
-    print("written: " + ", ".join(str(p) for p in plot_run(args.run, args.out)))
+    print("written: " + ", ".join(str(p) for p in plot_run(options.run, options.out)))
     return 0

@@ -31,7 +31,7 @@ from hitoban.files import check_fields, decode_error, read_json, read_text, requ
 from hitoban.provenance import hitoban_version
 from hitoban.training.data.filters import REASONS, DocumentFilter, FilterSettings, PIIMasker
 from hitoban.training.data.options import DECODE_ERRORS, ENCODING, HUB_SOURCE_NAMES, LOCAL_LICENSE, SEED, TEXT_FIELD
-from hitoban.training.data.workers import examined
+from hitoban.training.data.workers import examined, start_early
 
 # Pinned revisions (3LM's): a rebuilt corpus is the same corpus.
 HUB_SOURCES = {
@@ -227,6 +227,7 @@ def build_corpus(
     if not sources:
         raise CorpusInputError("no sources: give --input PATH and/or --source NAME")
     settings = settings or FilterSettings()
+    start_early(workers)  # the workers' imports overlap with this process's own (DocumentFilter's MinHash)
     doc_filter = DocumentFilter(settings)
     masker = PIIMasker(salt=os.urandom(16) if mask_pii else None)  # salt: keyed digests in the masked-value log
     targets = source_targets(sources, target_chars, {**DEFAULT_SHARES, **(shares or {})} if len(sources) > 1 else {})

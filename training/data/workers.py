@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+import multiprocessing.forkserver
 import os
-import sys
 from collections import deque
 from collections.abc import Iterable, Iterator
 
 from hitoban.training.data.filters import examine
 
 WINDOW_PER_WORKER = 64  # documents handed to each worker per window: large enough to amortise the pickling
+FIRST_WINDOW_PER_WORKER = 4  # the first window is small: the writing process waits for it with nothing else to do
 _SETTINGS = None  # a worker's FilterSettings, set once by its initializer
 
 
@@ -38,19 +39,51 @@ def _examine(raw: str):
     return examine(raw, _SETTINGS)
 
 
+def threads_of_this_process() -> int | None:
+    """How many OS threads this process runs (native ones included: OpenMP's, rayon's), where the OS says (Linux)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return None
+
+
+def _context():
+    """How the workers start. Forked where this process runs no other thread (Linux: counted, native threads
+    included): quickest, and nothing can hold a lock at the fork. Otherwise from a fork server (or spawned where
+    there is none): a thread of torch, tokenizers or a progress bar may hold a lock at the fork that the child then
+    waits on for ever (a worker hung so in the test suite, after torch had run). The fork server imports this
+    module once, so each worker starts without re-importing the filters."""
+    if threads_of_this_process() == 1:
+        return multiprocessing.get_context("fork")
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__, "datasketch"])  # MinHash: imported once, not once per worker
+    return context
+
+
+def start_early(workers: int) -> None:
+    """Start the fork server now (when `examined` will use one), so that it imports the filters and MinHash while
+    this process does its own set-up, instead of each worker importing them once the pool starts (scipy, under
+    datasketch, takes most of a second)."""
+    if workers > 1 and (context := _context()).get_start_method() == "forkserver":
+        multiprocessing.forkserver.ensure_running()
+        del context
+
+
 def examined(documents: Iterable[str], settings, workers: int) -> Iterator:
     """`filters.examine` of every document, in the documents' order, on `workers` processes (1: this one). Stops
     reading when the caller stops iterating (a reached character target)."""
     if workers <= 1:
         yield from (examine(raw, settings) for raw in documents)
         return
-    documents, size = iter(documents), workers * WINDOW_PER_WORKER
-    context = multiprocessing.get_context("fork" if os.name == "posix" and sys.platform != "darwin" else "spawn")
-    with context.Pool(workers, initializer=_start, initargs=(settings,)) as pool:
+    documents = iter(documents)
+    sizes = itertools.chain([workers * FIRST_WINDOW_PER_WORKER], itertools.repeat(workers * WINDOW_PER_WORKER))
+    with _context().Pool(workers, initializer=_start, initargs=(settings,)) as pool:
         pending: deque = deque()
 
         def submit() -> None:  # the next window goes out while this one is being written: two in flight at most
-            window = list(itertools.islice(documents, size))
+            window = list(itertools.islice(documents, next(sizes)))
             if window:
                 pending.append(pool.map_async(_examine, window, chunksize=max(1, len(window) // (workers * 4))))
 
@@ -62,4 +95,4 @@ def examined(documents: Iterable[str], settings, workers: int) -> Iterator:
             yield from results
 
 
-__all__ = ["WINDOW_PER_WORKER", "default_workers", "examined"]
+__all__ = ["WINDOW_PER_WORKER", "default_workers", "examined", "start_early", "threads_of_this_process"]

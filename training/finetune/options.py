@@ -86,3 +86,26 @@ class ToneOptions(FinetuneOptions):
     eval_steps: int = option(10, "validate (and keep the best checkpoint) every N steps", min=1)
     min_char_freq: int = option(1, "drop chats with a character rarer than this in the data (1: keep all; a "
                                    "character's tone data is small)", min=1)
+
+
+MASK_CORRUPTIONS = ("shift", "drop_end")  # sft.check_mask's negative controls
+
+
+@dataclass(kw_only=True)
+class CheckMaskOptions(Checked):
+    """`hitoban check-mask`: the assistant-only loss mask printed and checked on fixed conversations."""
+
+    tokenizer: str = option(help="a tokenizer (or model) folder with the chat template")
+    control: str | None = option(None, "negative control: corrupt the mask on purpose; the check must then FAIL",
+                                 choices=MASK_CORRUPTIONS)
+
+
+@dataclass(kw_only=True)
+class ChatOptions(Checked):
+    """`hitoban chat`: a model in the terminal, decoded in the precision the device plan gives it."""
+
+    model: str = option(help="a from_pretrained folder (e.g. RUN/final or an SFT output)", positional=True)
+    precision: str = same_as(DeviceOptions, "precision", choices=("auto", "no", "bf16"),
+                             help="auto: weights in bf16 where the hardware has it (CUDA, AMX / AVX512-BF16 CPUs), "
+                                  "about twice the tokens per second on a CPU; no: fp32, as saved; bf16: refused "
+                                  "where the hardware cannot run it")

@@ -127,3 +127,12 @@ def shaped_config(preset: str, vocab_size: int, context: int | None = None, **ov
     context = context or config.max_position_embeddings
     config.max_position_embeddings = max(config.max_position_embeddings, context)
     return config, context
+
+
+@dataclass(kw_only=True)
+class WatchOptions(Checked):
+    """`hitoban watch`: a run's progress from its heartbeat, refreshed."""
+
+    run: str = option(help="a pretraining run folder", positional=True)
+    interval: float = option(10.0, "seconds between refreshes", above=0)
+    once: bool = option(False, "print once and exit")

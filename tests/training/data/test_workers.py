@@ -6,12 +6,15 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
+import threading
 
 import pytest
 
 from hitoban.training.data.corpus import build_corpus, local_source
 from hitoban.training.data.filters import FilterSettings
-from hitoban.training.data.workers import default_workers, examined
+from hitoban.training.data.workers import _context, default_workers, examined, threads_of_this_process
 
 
 def build(corpus, tmp_path, name: str, workers: int, target: int | None = None) -> tuple[str, dict]:
@@ -76,3 +79,25 @@ def test_negative_control_results_out_of_order_change_the_corpus(corpus, tmp_pat
 
     monkeypatch.setattr(corpus_module, "examined", swapped)
     assert build(corpus, tmp_path, "swapped", 2)[0] != one[0]
+
+
+def test_a_process_running_another_thread_never_forks_its_workers():
+    """A fork copies a lock another thread holds, and the child waits on it for ever (a worker hung so in this suite,
+    after torch had started its threads): with any other thread running, the workers start from a fork server."""
+    release = threading.Event()
+    thread = threading.Thread(target=release.wait)
+    thread.start()
+    try:
+        assert threads_of_this_process() >= 2
+        assert _context().get_start_method() != "fork"
+    finally:
+        release.set()
+        thread.join()
+
+
+def test_control_a_single_threaded_process_forks_them():
+    """The thread count is what decides: a fresh single-threaded process (Linux) forks, the quick way."""
+    probe = ("from hitoban.training.data.workers import _context, threads_of_this_process; "
+             "print(threads_of_this_process(), _context().get_start_method())")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.split() == ["1", "fork"]
