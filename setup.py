@@ -45,7 +45,7 @@ setup(
         "dev": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "ruff>=0.6",
                 # the Hub test double, the Space client and browser tests
                 "fastapi>=0.110", "uvicorn>=0.29", "gradio_client>=1.0", "selenium>=4.20",
-                # transformers' own common model tests (tests/test_transformers_common.py) import it
+                # transformers' own common model tests (tests/modeling/test_transformers_common.py) import it
                 "parameterized>=0.9", "peft>=0.13",
                 # hitoban export-gguf and its tests
                 "gguf>=0.17",

@@ -228,7 +228,7 @@ def test_llama_cpp_commands_in_the_readme(tmp_path, pretrained, monkeypatch):
 @pytest.mark.network
 def test_network_commands_in_the_readme(tmp_path):
     """The Hub-streamed corpus (no login needed). The upload blocks need a trained model and a login; the same
-    upload path runs against the real Hub in tests/release/test_release.py::test_real_hub_upload_round_trip."""
+    upload path runs against the real Hub in tests/release/test_upload.py::test_real_hub_upload_round_trip."""
     env = shell_env(HF_HUB_OFFLINE="0")
     corpus_block = next(code for tag, _, code in BLOCKS if tag == "network" and "hitoban corpus" in code)
     run_block("bash", corpus_block.replace("1.2e9", "2e5"), tmp_path, env)

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 import torch
+from release_helpers import write_artefacts
 from safetensors.torch import load_file, save_file
-from test_release import write_artefacts
 
 from hitoban.modeling import from_llama
 from hitoban.provenance import read_lineage, weights_sha256

@@ -1,0 +1,164 @@
+"""Shards and their reader (training/data/shards.py, reader.py): the index's invariants, a seeded shuffle disjoint
+from held-out text, verification, and batches that are a pure function of (seed, step)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from data_helpers import japanese_doc
+
+from hitoban.cli import main
+from hitoban.training.data.corpus import build_corpus, iter_corpus, local_source
+from hitoban.training.data.reader import ShardReader
+from hitoban.training.data.shards import ShardError, build_shards, dtype_for_vocab, verify_shards
+from hitoban.training.data.tokenizer import train_tokenizer_from_corpus
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory, corpus):
+    """corpus (literature + web, with a planted PII line and a literal <|end|>) -> tokenizer -> shards."""
+    root = tmp_path_factory.mktemp("pipeline")
+    lit = root / "lit.txt"
+    works = sorted((corpus / "literature").glob("0*.txt"))[:40]
+    docs = [p.read_text(encoding="utf-8").replace("\n", "") for p in works]
+    docs.append(japanese_doc(77) + "<|end|>" + japanese_doc(78))  # a literal marker inside a document
+    lit.write_text("\n".join(docs), encoding="utf-8")
+    sources = [local_source([str(lit)], name="literature"),
+               local_source([str(corpus / "web-or-wiki" / "rust-book-ja.txt")], name="web", blank_line_docs=True)]
+    build_corpus(sources, root / "corpus", progress=False)
+    train_tokenizer_from_corpus(root / "corpus", root / "tok", vocab_size=4000, max_chars=2_000_000)
+    index = build_shards(root / "corpus", root / "tok", root / "shards", shard_tokens=150_000, val_every=10,
+                         max_heldout_docs=20, context=128, progress=False)
+    return root, index
+
+
+def test_shards_index_and_invariants(pipeline):
+    root, index = pipeline
+    assert verify_shards(root / "shards", root / "tok")["ok"]
+    assert index["dtype"] == "uint16" and index["domains"] == ["literature", "web"]
+    assert len(index["splits"]["train"]["shards"]) >= 2 and index["splits"]["val"]["docs"] > 0
+    assert index["markers_removed"] >= 1
+    for shard in index["shards"]:
+        meta = json.loads((root / "shards" / f"{shard['name']}.json").read_text())
+        assert meta == shard and sum(meta["domains"].values()) == meta["tokens"]
+        assert meta["tokens"] <= 150_000 or meta["docs"] == 1
+    val = np.fromfile(root / "shards" / "val_000.domains.u8", dtype=np.uint8)
+    assert len(val) == index["splits"]["val"]["docs"] and set(val) == {0, 1}
+
+
+def test_train_is_shuffled_by_seed_and_disjoint_from_heldout(pipeline):
+    root, index = pipeline
+    reader = ShardReader(root / "shards", "val")
+    heldout = {d.tobytes() for d, _ in reader.documents()}
+    train = ShardReader(root / "shards", "train")
+    train_docs = [d.tobytes() for d, _ in train.documents()]
+    assert heldout.isdisjoint(train_docs)
+    domains = [domain for _, domain in ShardReader(root / "shards", "train").documents()]
+    assert "literature" in domains[: len(domains) // 3] and "web" in domains[: len(domains) // 3]
+
+
+def test_a_train_copy_of_a_heldout_document_is_dropped(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("\n".join(japanese_doc(i) for i in range(30)), encoding="utf-8")
+    build_corpus([local_source([str(text)])], tmp_path / "c", progress=False)
+    records = list(iter_corpus(tmp_path / "c"))
+    # Plant an exact copy of document 0 (val by the every-10th rule) at index 2 (train), bypassing the corpus
+    # filters, as a hand-edited or concatenated corpus could.
+    planted = records[:2] + [records[0]] + records[2:]
+    (tmp_path / "c" / "documents.jsonl").write_text(
+        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in planted), encoding="utf-8")
+    manifest = json.loads((tmp_path / "c" / "manifest.json").read_text())
+    manifest["total_documents"] += 1
+    documents = (tmp_path / "c" / "documents.jsonl").read_bytes()  # the corpus reader checks size and sha256
+    manifest["output"].update(bytes=len(documents), sha256=__import__("hashlib").sha256(documents).hexdigest())
+    (tmp_path / "c" / "manifest.json").write_text(json.dumps(manifest))
+    train_tokenizer_from_corpus(tmp_path / "c", tmp_path / "tok", vocab_size=400, max_chars=100_000)
+    index = build_shards(tmp_path / "c", tmp_path / "tok", tmp_path / "s", val_every=10, context=16, progress=False)
+    assert index["train_docs_dropped_as_heldout_duplicates"] == 1
+    assert index["splits"]["train"]["docs"] + index["splits"]["val"]["docs"] + index["splits"]["test"]["docs"] == 30
+    assert verify_shards(tmp_path / "s")["ok"]
+
+
+def test_verify_names_truncated_edited_and_missing_shards(pipeline, tmp_path):
+    root, _ = pipeline
+    for damage, message in (("truncate", "truncated"), ("edit", "sha256 differs"), ("delete", "missing")):
+        broken = tmp_path / damage
+        shutil.copytree(root / "shards", broken)
+        shard = broken / "train_001.bin"
+        if damage == "truncate":
+            shard.write_bytes(shard.read_bytes()[:-10])
+        elif damage == "edit":
+            data = bytearray(shard.read_bytes())
+            data[100] ^= 1
+            shard.write_bytes(bytes(data))
+        else:
+            shard.unlink()
+        with pytest.raises(ShardError, match=rf"train_001\.bin.*{message}|train_001\.bin: {message}"):
+            verify_shards(broken)
+        assert main(["shards", "--verify", str(broken)]) == 2
+
+
+def test_verify_refuses_a_different_tokenizer(pipeline, tokenizer_dir):
+    root, _ = pipeline
+    with pytest.raises(ShardError, match="another tokenizer"):
+        verify_shards(root / "shards", tokenizer_dir)
+
+
+def test_dtype_follows_the_vocabulary():
+    assert dtype_for_vocab(32000) == np.uint16 and dtype_for_vocab(70000) == np.uint32
+    with pytest.raises(ShardError, match="does not fit in uint16"):
+        dtype_for_vocab(70000, "uint16")
+
+
+def test_corpus_smaller_than_one_window_is_refused(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("\n".join(japanese_doc(i, 220) for i in range(12)), encoding="utf-8")
+    build_corpus([local_source([str(text)])], tmp_path / "c", progress=False)
+    train_tokenizer_from_corpus(tmp_path / "c", tmp_path / "tok", vocab_size=400, max_chars=100_000)
+    with pytest.raises(ShardError, match="fewer than one context window"):
+        build_shards(tmp_path / "c", tmp_path / "tok", tmp_path / "s", context=100_000, progress=False)
+    assert not (tmp_path / "s").exists()
+
+
+def test_batches_are_a_pure_function_of_seed_and_step(pipeline):
+    root, _ = pipeline
+    reader = ShardReader(root / "shards")
+    a, b = reader.batch(7, 3, 8, 64), reader.batch(7, 3, 8, 64)
+    assert a.shape == (8, 65) and a.dtype == np.int64 and np.array_equal(a, b)
+    assert not np.array_equal(a, reader.batch(7, 4, 8, 64)) and not np.array_equal(a, reader.batch(8, 3, 8, 64))
+    assert a.max() < reader.vocab_size
+    halves = [reader.batch(7, 3, 8, 64, rank=r, world_size=2) for r in (0, 1)]
+    assert np.array_equal(np.concatenate(halves), a)
+
+
+@pytest.mark.slow  # two fresh interpreters (~10 s)
+def test_batches_are_identical_across_processes(pipeline):
+    root, _ = pipeline
+    code = ("import sys, hashlib; from hitoban.training.data.reader import ShardReader; "
+            "r = ShardReader(sys.argv[1]); "
+            "print(hashlib.sha256(b''.join(r.batch(11, s, 4, 32).tobytes() for s in range(20))).hexdigest())")
+    digests = {subprocess.run([sys.executable, "-c", code, str(root / "shards")], capture_output=True, text=True,
+                              check=True).stdout.strip() for _ in range(2)}
+    reader = ShardReader(root / "shards")
+    import hashlib
+
+    local = hashlib.sha256(b"".join(reader.batch(11, s, 4, 32).tobytes() for s in range(20))).hexdigest()
+    assert digests == {local}
+
+
+def test_shards_sample_proportionally_to_their_tokens(pipeline):
+    root, _ = pipeline
+    reader = ShardReader(root / "shards")
+    rng_rows = np.concatenate([reader.batch(0, s, 16, 8) for s in range(200)])
+    assert rng_rows.shape == (3200, 9)
+    expected = reader.tokens / reader.tokens.sum()
+    # which shard each window came from is not returned; re-derive it with the same generator to check the rule
+    picks = np.concatenate([np.random.default_rng([0, s]).choice(len(reader.tokens), size=16, p=expected)
+                            for s in range(200)])
+    observed = np.bincount(picks, minlength=len(expected)) / len(picks)
+    assert np.abs(observed - expected).max() < 0.05
