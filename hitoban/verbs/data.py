@@ -56,7 +56,8 @@ def _tokenizer(args) -> int:
     from hitoban.training.data.tokenizer import train_tokenizer_from_corpus
 
     meta = train_tokenizer_from_corpus(options.corpus, options.out, options.vocab_size, int(options.max_chars),
-                                       parse_pairs(options.source_cap, int), options.seed, options.context)
+                                       parse_pairs(options.source_cap, int), options.seed, options.context,
+                                       workers=options.workers)
     print(f"tokenizer: {meta['vocab_size']:,} pieces from {meta['sample']['chars']:,} sample chars; "
           f"held-out chars/token {meta['heldout']['chars_per_token']} -> {options.out}")
     return 0
@@ -82,7 +83,8 @@ def _shards(args) -> int:
     if not (options.corpus and options.tokenizer and options.out):
         raise UsageError("give --corpus, --tokenizer and --out (or --verify SHARDS)")
     index = build_shards(options.corpus, options.tokenizer, options.out, options.shard_tokens, options.seed,
-                         options.val_every, options.max_heldout_docs, options.context, options.dtype)
+                         options.val_every, options.max_heldout_docs, options.context, options.dtype,
+                         workers=options.workers)
     verify_shards(options.out, options.tokenizer)
     splits = ", ".join(f"{name} {s['tokens']:,} tokens / {s['docs']:,} docs" for name, s in index["splits"].items())
     print(f"shards: {splits} ({index['dtype']}, verified) in {index['elapsed_seconds']} s -> {options.out}")

@@ -66,6 +66,7 @@ def test_questions_file_errors_name_the_line(tmp_path):
         load_questions(bad)
 
 
+@pytest.mark.slow
 def test_eval_gen_cli_writes_replies_and_compares(tiny_model_dir, corpus, tmp_path, capsys):
     from hitoban.evaluation.generation import compare
 

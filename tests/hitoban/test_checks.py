@@ -191,6 +191,7 @@ def test_the_memory_row_passes_only_an_estimate_that_covers_the_peak_where_its_l
     assert ("UNDERESTIMATED" in detail) == (peak is not None and estimate < peak)
 
 
+@pytest.mark.slow
 def test_the_memory_row_measures_a_step_and_fails_an_estimate_without_its_logits(monkeypatch):
     """Issue 34: the doctor's memory row measures a real step (the profiler's timeline on a CPU; the allocator's
     peak after a warm-up on CUDA) at a shape where the logits dominate. Negative control: the preflight's estimate

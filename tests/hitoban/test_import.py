@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from conftest import REPO
 
 IMPORT_THEN_TRANSFORMERS = textwrap.dedent("""
@@ -31,6 +32,7 @@ def run(code: str, *args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_import_hitoban_is_light_and_registers_when_transformers_comes_after(tiny_model_dir):
     """The README's order (`import hitoban`, then `from transformers import AutoModelForCausalLM`) loads a hitoban
     folder without remote code, whatever sys.argv[0] is (the console script's name included); `import hitoban`
@@ -43,6 +45,7 @@ def test_import_hitoban_is_light_and_registers_when_transformers_comes_after(tin
                           "class": "hitoban.modeling.modeling_hitoban.HitobanForCausalLM"}, (argv0, result)
 
 
+@pytest.mark.slow
 def test_import_hitoban_after_transformers_registers_at_once_and_model_names_load_on_use():
     code = textwrap.dedent("""
         import json, sys

@@ -105,6 +105,7 @@ def test_verb_that_needs_no_model_imports_neither_torch_nor_transformers(verb, i
     assert sorted(modules & set(HEAVY)) == []
 
 
+@pytest.mark.slow
 def test_the_import_probe_sees_torch_and_transformers_where_a_verb_needs_them(tmp_path):
     """Negative control: `hitoban tokenizer` needs transformers (it fails afterwards on the missing corpus), and the
     same probe reports transformers and torch for it."""

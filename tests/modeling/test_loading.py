@@ -57,6 +57,7 @@ BLOCKED_LOAD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_remote_code_loads_where_import_hitoban_fails(tiny_model_dir, tmp_path):
     env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
     run = subprocess.run([sys.executable, "-c", BLOCKED_LOAD, str(tiny_model_dir)], capture_output=True, text=True,

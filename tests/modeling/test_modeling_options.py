@@ -43,6 +43,7 @@ def test_the_command_line_gives_the_dataclass_defaults():
         accepts("export-gguf", ExportGgufOptions, ["s", "o", "--outtype", "q4_0"])
 
 
+@pytest.mark.slow
 def test_the_parser_loads_the_options_file_without_the_model_package():
     """hitoban.modeling's __init__ registers the model with transformers: the command line loads options.py alone,
     and an export afterwards imports the package and shares that module (one OUTTYPES, one dataclass)."""

@@ -70,6 +70,7 @@ def slow_cases(night: dict[str, Path]) -> list[Case]:
     return sorted(chosen, key=lambda c: c.id)
 
 
+@pytest.mark.slow
 def test_every_verb_reads_the_pristine_artefacts(night, tmp_path):
     """The baseline: unmutated, every verb of the harness exits 0 (else its cases would judge nothing)."""
     from mutation_harness import run_verb

@@ -125,6 +125,7 @@ for folder in sys.argv[1:]:  # one process for every folder: each line says what
 """
 
 
+@pytest.mark.slow
 def test_plain_transformers_loads_the_export_with_no_prompt_and_hitoban_loads_it_back(published):
     model, _ = published
     export = llama_export_dir(model)

@@ -93,6 +93,7 @@ def test_client_raw_continuation_is_bounded(space):
     assert len(tok(text[app.MAX_INPUT_CHARS:])["input_ids"]) <= app.MAX_NEW_TOKENS + 2  # output capped too
 
 
+@pytest.mark.slow
 def test_headless_chromium_types_a_message_and_sees_the_streamed_reply(space, tmp_path):
     chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
     if not (chromium and driver_path):

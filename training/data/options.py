@@ -89,6 +89,9 @@ class TokenizerOptions(Checked):
                                    factory=list, repeat=True, metavar="NAME=CHARS")
     context: int = option(CONTEXT, "model_max_length recorded in the tokenizer", min=2)
     seed: int = option(SEED, "seed for the training sample and SentencePiece", min=0)
+    workers: int = option(default_workers(), "threads for the encoder that measures held-out characters/token "
+                                             "(default: this machine's cores); the trainer's split is fixed, so "
+                                             "the tokenizer is the same on any machine", min=1)
 
 
 @dataclass(kw_only=True)
@@ -105,3 +108,5 @@ class ShardsOptions(Checked):
     context: int = option(CONTEXT, "refuse a train split shorter than one window", min=2)
     dtype: str | None = option(None, "default: uint16 when the vocab fits", choices=DTYPES)
     seed: int = option(SEED, "recorded in the index (the split rule is by position)", min=0)
+    workers: int = option(default_workers(), "threads for the encoder, tokenizers' own pool (default: this "
+                                             "machine's cores); the shards are the same for any number", min=1)

@@ -38,6 +38,7 @@ from hitoban.provenance import sha256_file
 from hitoban.training.data.corpus import iter_corpus, load_manifest
 from hitoban.training.data.markers import SPECIAL_TOKENS
 from hitoban.training.data.options import CONTEXT, DTYPES, MAX_HELDOUT_DOCS, SEED, SHARD_TOKENS, VAL_EVERY
+from hitoban.training.data.workers import encoding_threads
 
 FORMAT = "hitoban-shards/1 (zxell layout)"
 # kept beside the loader's TOKENIZER_FILES; building imports those (and transformers), --verify needs neither
@@ -201,8 +202,12 @@ def build_shards(
     dtype: str | None = None,
     batch_docs: int = 1000,
     progress: bool = True,
+    workers: int | None = None,
 ) -> dict:
-    """Corpus folder + tokenizer folder -> verified shard folder `out` (temp dir + rename). Returns the index."""
+    """Corpus folder + tokenizer folder -> verified shard folder `out` (temp dir + rename). Returns the index.
+    `workers`: the encoder's threads (default: every core); the shards are the same for any number."""
+    if workers:
+        encoding_threads(workers)
     from hitoban.modeling.loading import TOKENIZER_FILES
     from hitoban.training.data.tokenizer import load_tokenizer
 

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -29,6 +30,13 @@ from hitoban.modeling.loading import check_tokenizer_folder
 from hitoban.training.data.corpus import iter_corpus, load_manifest
 from hitoban.training.data.markers import ASSISTANT, END, MARKERS, SPECIAL_TOKENS, UNK, USER  # noqa: F401  (re-exported)
 from hitoban.training.data.options import CONTEXT, MIN_VOCAB, SAMPLE_CHARS, SEED, VOCAB_SIZE
+from hitoban.training.data.workers import encoding_threads
+
+# SentencePiece's unigram trainer splits its work into one part per thread, and the pieces it ends with depend on
+# that split (1, 2 and 16 threads give three different tokenizers of one sample and seed). The count is fixed, not
+# the machine's cores, so a corpus and a seed give the same tokenizer everywhere; 16 threads on 2 cores cost no
+# more than 2 (69-73 s against 68-73 s on a 21 MB sample, 2-core AMD EPYC, 2026-12-05).
+TRAINER_THREADS = 16
 
 # `<|user|>Q<|assistant|>A<|end|>` per turn, exactly 3LM's line format. `{% generation %}` marks what the model is
 # trained on (assistant content and the closing <|end|>, so it learns to stop); see `return_assistant_tokens_mask`.
@@ -107,7 +115,7 @@ def write_training_sample(
 
 
 def train_sentencepiece(
-    sample_path: str | os.PathLike, vocab_size: int, seed: int = SEED, hard_vocab_limit: bool = True
+    sample_path: str | os.PathLike, vocab_size: int, seed: int = SEED, hard_vocab_limit: bool = True,
 ) -> bytes:
     """Train SentencePiece unigram (3LM settings) on a line file; returns the serialized model.
 
@@ -142,7 +150,7 @@ def train_sentencepiece(
             train_extremely_large_corpus=lines > 2_000_000,
             max_sentence_length=8192,
             hard_vocab_limit=hard_vocab_limit,
-            num_threads=os.cpu_count() or 1,
+            num_threads=TRAINER_THREADS,
             minloglevel=2,
         )
     except RuntimeError as err:
@@ -157,7 +165,16 @@ def train_sentencepiece(
                 f"and byte pieces ({str(err).split('required_chars. ')[-1].split('.')[0]}); use a larger --vocab-size"
             ) from err
         raise
-    return model.getvalue()
+    return without_local_paths(model.getvalue())
+
+
+def without_local_paths(proto: bytes) -> bytes:
+    """The model with its trainer's record of the sample's path removed: a temporary folder's name made the file
+    differ from run to run, and a local path has no place in a file that gets published."""
+    spec = sentencepiece_model_pb2.ModelProto()
+    spec.ParseFromString(proto)
+    del spec.trainer_spec.input[:]
+    return spec.SerializeToString()
 
 
 def tokenizers_from_sentencepiece(model_proto: bytes) -> Tokenizer:
@@ -261,9 +278,13 @@ def train_tokenizer_from_corpus(
     model_max_length: int = CONTEXT,
     heldout_every: int = 50,
     hard_vocab_limit: bool = True,
+    workers: int | None = None,
 ) -> dict:
     """Train on a `hitoban corpus` folder: a strided sample within `max_chars` (huge corpora are never read whole),
-    every `heldout_every`-th sampled document kept out and used to report chars/token."""
+    every `heldout_every`-th sampled document kept out and used to report chars/token. `workers`: the encoder's
+    threads (default: every core); SentencePiece's trainer always splits its work TRAINER_THREADS ways."""
+    if workers:
+        encoding_threads(workers)
     manifest = load_manifest(corpus)
     stride = max(1, round(manifest["total_chars"] / max_chars))  # 3LM: spread the sample over the whole corpus
     heldout: list[str] = []

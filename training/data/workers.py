@@ -30,6 +30,13 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def encoding_threads(workers: int) -> None:
+    """Run tokenizers' Rust encoder (`encode_batch`) on `workers` threads. Its pool reads RAYON_NUM_THREADS once,
+    when this process first encodes, so a call after that changes nothing; the tokens are the same for any number
+    (tests/training/data/test_workers.py)."""
+    os.environ["RAYON_NUM_THREADS"] = str(workers)
+
+
 def _start(settings) -> None:
     global _SETTINGS
     _SETTINGS = settings
@@ -95,4 +102,5 @@ def examined(documents: Iterable[str], settings, workers: int) -> Iterator:
             yield from results
 
 
-__all__ = ["WINDOW_PER_WORKER", "default_workers", "examined", "start_early", "threads_of_this_process"]
+__all__ = ["WINDOW_PER_WORKER", "default_workers", "encoding_threads", "examined", "start_early",
+           "threads_of_this_process"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -101,3 +102,61 @@ def test_control_a_single_threaded_process_forks_them():
              "print(threads_of_this_process(), _context().get_start_method())")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.split() == ["1", "fork"]
+
+
+TOKENIZER = """
+import sys
+from hitoban.training.data.tokenizer import train_tokenizer_from_corpus
+train_tokenizer_from_corpus(sys.argv[1], sys.argv[2] + "/tok", vocab_size=4000, workers=int(sys.argv[3]))
+"""
+SHARDS = """
+import json, sys
+from hitoban.training.data.shards import build_shards
+from hitoban.training.data.workers import threads_of_this_process
+corpus, out, workers = sys.argv[1], sys.argv[2], int(sys.argv[3])
+build_shards(corpus, sys.argv[4], out + "/shards", context=64, val_every=5, progress=False, workers=workers)
+print(json.dumps({"threads": threads_of_this_process()}))
+"""
+
+
+def run_python(script: str, *args) -> str:
+    """`script` in a fresh process, with the encoder's parallelism as a user has it (this suite's conftest turns it
+    off for its own process)."""
+    env = {k: v for k, v in os.environ.items() if k != "TOKENIZERS_PARALLELISM"}
+    proc = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def digests(folder) -> dict[str, str]:
+    """sha256 of every file under `folder` but the two that record timings (the index's shard list is compared)."""
+    found = {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in sorted(folder.rglob("*")) if p.is_file()
+             and p.name not in ("shards_index.json", "tokenizer_meta.json")}
+    index = folder / "shards" / "shards_index.json"
+    if index.exists():
+        found["index shards"] = json.dumps(json.loads(index.read_text())["shards"], sort_keys=True)
+    return found
+
+
+@pytest.mark.slow
+def test_the_tokenizer_and_shards_are_the_same_for_any_number_of_threads(corpus, tmp_path):
+    """`hitoban tokenizer --workers` and `shards --workers` (the encoder's threads, tokenizers' Rust pool) give
+    byte-identical files for 1 and 2 threads, the tokenizer's SentencePiece model included (its trainer's split is
+    fixed). Each run is a fresh process: the encoder's pool is made once per process. The control: the shards run
+    with 2 workers did run more threads, so the option reached the library (identical files from a setting that
+    never applied would prove nothing)."""
+    works = sorted((corpus / "literature").glob("0*.txt"))[:20]
+    build_corpus([local_source(list(map(str, works)), name="literature", doc_per_file=True)], tmp_path / "corpus",
+                 progress=False, workers=1)
+    threads, files = {}, {}
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}"
+        run_python(TOKENIZER, tmp_path / "corpus", out, workers)
+        shards = run_python(SHARDS, tmp_path / "corpus", out, workers, tmp_path / "w1" / "tok")
+        threads[workers] = json.loads(shards.strip().splitlines()[-1])["threads"]
+        files[workers] = digests(out)
+    assert files[1] == files[2] and any(name.endswith(".bin") for name in files[1])
+    assert "tok/sentencepiece.model" in files[1]
+    assert threads[2] > threads[1]

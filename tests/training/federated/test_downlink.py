@@ -42,6 +42,7 @@ def test_the_update_keeps_fp16s_precision_at_every_scale_and_both_sides_rebuild_
     assert weights_digest(again) == weights_digest(apply_update(old, update, scales))
 
 
+@pytest.mark.slow
 def test_after_the_first_round_machines_get_the_fp16_update_and_check_its_sha256(tiny_shards, tmp_path):
     run = tmp_path / "run"
     server = start(tiny_shards, run, inner_steps=1, probe_steps=1)  # 6 rounds of one step per machine
@@ -100,6 +101,7 @@ class Tampered(LocalGrid):
         return super().send_and_receive(messages, timeout)
 
 
+@pytest.mark.slow
 def test_a_machine_whose_weights_do_not_match_is_refused_and_gets_them_in_full(tiny_shards, tmp_path):
     run = tmp_path / "run"
     summary = start(tiny_shards, run, inner_steps=1, probe_steps=1).serve(

@@ -50,6 +50,7 @@ def test_serve_and_join_refuse_to_guess_between_keys_and_insecure(tmp_path):
         join(JoinOptions(server="127.0.0.1:1", data=str(tmp_path), keys=str(tmp_path)))
 
 
+@pytest.mark.slow
 def test_a_machine_whose_server_never_answers_leaves_after_wait_minutes(tiny_shards, tmp_path):
     pytest.importorskip("flwr", reason="the federated extra: pip install 'hitoban[federated]'")
     from hitoban.training.federated.launch import FlowerFailed, free_port, join

@@ -91,6 +91,7 @@ def records(run, kind):
     return [r for r in map(json.loads, (run / "log.jsonl").read_text().splitlines()) if r["type"] == kind]
 
 
+@pytest.mark.slow
 def test_a_missed_lease_and_a_nan_delta_lose_their_task_and_every_token_is_trained_once(tiny_shards, tmp_path):
     from hitoban.modeling import HitobanForCausalLM
 
@@ -196,6 +197,7 @@ def lone_failures(failure: str) -> dict:
         {"nan": {10}} if failure == "nan" else {})
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)  # today's code re-issued the task to the same machine for ever
 @pytest.mark.parametrize("failure", ["memory", "nan", "silent"])
 def test_a_run_that_no_connected_machine_can_train_stops_with_a_named_error(tiny_shards, tmp_path, failure):
@@ -218,6 +220,7 @@ def test_a_run_that_no_connected_machine_can_train_stops_with_a_named_error(tiny
         assert 2 <= len(records(tmp_path / "run", "refused")) <= 3
 
 
+@pytest.mark.slow
 def test_a_machine_that_cannot_hold_the_step_is_told_the_grad_accum_that_fits(tiny_shards, tmp_path):
     """The preflight's advice is real: under the same memory cap, the --grad-accum it names trains the whole run
     (beside it, a capable machine never stops the run when another is excluded)."""

@@ -141,6 +141,7 @@ def test_collator_refuses_all_ignored_and_all_counted_batches(pretrained):
 
 # ------------------------------------------------------------------------------------------------ Trainer runs
 
+@pytest.mark.slow
 def test_sft_lowers_validation_loss_and_resumes(pretrained, chats, tmp_path, corpus, caplog):
     from transformers.utils import logging as hf_logging
 

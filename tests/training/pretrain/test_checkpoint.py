@@ -99,6 +99,7 @@ def test_a_damaged_newest_slot_falls_back_to_the_previous_one_and_says_so(tiny_s
     assert "no other complete checkpoint" in err and "--resume never" in err
 
 
+@pytest.mark.slow
 def test_resume_never_keeps_the_earlier_run_until_the_new_one_has_saved(tiny_shards, tmp_path):
     """`--resume never` used to delete final/ and both slots before its first save: a run stopped then left
     nothing. Now the earlier run waits in previous-run/ and comes back if the new one never saved."""
@@ -294,6 +295,7 @@ def damage_cases(run):
     return [(file.name, mutation) for file in sorted(newest.iterdir()) for mutation in MUTATIONS]
 
 
+@pytest.mark.slow
 def test_every_damaged_file_makes_the_resume_fall_back_naming_it_and_both_damaged_refuse(two_slots, tmp_path):
     newest, older = current_slot(two_slots).name, ({"ckpt-A", "ckpt-B"} - {current_slot(two_slots).name}).pop()
     assert _resume(two_slots, two_slots) == (newest, [])  # intact: the newest, without a word
@@ -343,3 +345,27 @@ def test_optimizer_state_dropped_on_purpose_is_resealed_not_damage(two_slots, tm
     drop_optimizer_state(newest)
     assert verify_slot(newest) and not (newest / "optimizer.safetensors").exists()
     assert _resume(run, two_slots) == (newest.name, [])
+
+
+# ------------------------------------------------------------------ a change to what a checkpoint records stays here
+
+
+def test_a_new_train_state_field_needs_only_its_declaration(tmp_path):
+    """Issue 36: what a checkpoint records is TrainState's fields, written and read generically. A field added with a
+    default (here by subclassing, as an edit to the class would) round-trips through the real save path with no
+    other change; a slot written before it reads with the default; and the code before it refuses the newer slot by
+    the field's name instead of dropping it (the control: a generic reader that silently ignored fields would pass
+    the first two)."""
+    from hitoban.training.optim import AdamW
+    from hitoban.training.pretrain.checkpoint import TrainState, save_checkpoint
+
+    with_note = dataclasses.make_dataclass("TrainState", [("note", str, dataclasses.field(default=""))],
+                                           bases=(TrainState,))
+    model = _tiny_model()
+    newer = save_checkpoint(tmp_path / "new", model, AdamW(model.parameters()),
+                            with_note(run_id="r", seed=0, step=3, note="kept"), None)
+    assert with_note.read(newer).note == "kept" and with_note.read(newer).step == 3
+    older = save_checkpoint(tmp_path / "old", model, AdamW(model.parameters()), TrainState(run_id="r", seed=0), None)
+    assert with_note.read(older).note == ""
+    with pytest.raises(CheckpointError, match=r"newer hitoban.*'note'"):
+        TrainState.read(newer)

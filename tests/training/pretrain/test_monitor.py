@@ -31,6 +31,7 @@ def _count_host_reads(monkeypatch) -> dict:
     return counts
 
 
+@pytest.mark.slow
 def test_the_loop_reads_the_device_once_per_log_window_not_every_step(tiny_shards, tmp_path, monkeypatch):
     counts = _count_host_reads(monkeypatch)
     reads = {}

@@ -97,6 +97,7 @@ def test_resume_refuses_a_changed_option_and_names_it(tiny_shards, tmp_path):
     assert main(args + ["--allow-change", "learning_rate"]) == 2  # unknown option names are refused
 
 
+@pytest.mark.slow
 def test_resume_with_dropout_is_bit_identical(tiny_shards, tmp_path):
     """Dropout draws from torch's RNG; the masks are a function of (seed, step, rank), so an interrupted run
     (stopped after its first step, then resumed) equals the uninterrupted one bit for bit."""
