@@ -8,7 +8,8 @@ import dataclasses
 
 import pytest
 
-from hitoban.options import add_options, from_args, to_argv
+from hitoban.options import add_options, argv_for, from_args, to_argv
+from hitoban.release.options import UploadOptions
 from hitoban.training.pretrain.options import PretrainConfig, TrainingOptions
 
 
@@ -51,3 +52,17 @@ def test_the_default_lr_is_the_measured_one_for_the_optimizer_and_shape():
     assert lr(preset="small") == 8e-3  # measured (bench_night, both CPU kinds)
     assert lr(preset="3lm") == lr(preset="zxell-s") == lr(preset="tiny") == 2e-3  # not swept: the optimizer's
     assert lr(preset="small", optimizer="adamw") == 6e-4 and lr(preset="small", lr=1e-3) == 1e-3
+
+
+def test_an_on_off_switch_pair_is_one_field_and_the_two_exclude_each_other():
+    """`--private` / `--public` (release/options.py) declare one boolean: given neither it keeps its default, each
+    switch sets it, both at once are refused by argparse in one line, and argv_for spells the value back."""
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_options(parser, UploadOptions)
+    base = ["MODEL", "--repo", "me/m"]
+    assert from_args(UploadOptions, parser.parse_args(base)).private is True
+    assert from_args(UploadOptions, parser.parse_args([*base, "--public"])).private is False
+    assert from_args(UploadOptions, parser.parse_args([*base, "--private"])).private is True
+    with pytest.raises(argparse.ArgumentError, match="not allowed with argument --private"):
+        parser.parse_args([*base, "--private", "--public"])
+    assert argv_for(UploadOptions, private=False) == ["--public"] and argv_for(UploadOptions, private=True) == []
