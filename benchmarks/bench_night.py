@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+import provenance
 from corpora import pick_corpus
 
 from hitoban.run_folder import RunFolder, setting
@@ -123,13 +124,14 @@ def bits_per_char(model_dirs: dict[str, Path], domains: dict[str, Path], out: Pa
 
 
 def table(rows: list[dict], floors: dict | None = None) -> list[str]:
-    lines = ["| run | steps | passes over the training text | wall s (start to saved) | tok/s | time vs Trainer | "
-             "bits/char literature | bits/char web |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['run']} | {r['steps']} | {r['passes']:.2f} | {r['seconds']} | {r['tok_per_sec']:,} | "
-              f"{r['time_vs_trainer']:.2f}x | {r['bpc_literature']:.3f} | {r['bpc_web']:.3f} |" for r in rows]
-    lines += [f"| {name} (floor) | | | | | | {floors['literature'][name]:.3f} | {floors['web'][name]:.3f} |"
-              for name in (floors or {}).get("literature", {})]
-    return lines
+    """The rows for docs/benchmarks.md, each with its machine, date and command (benchmarks/provenance.py)."""
+    header = ["run", "steps", "passes over the training text", "wall s (start to saved)", "tok/s", "time vs Trainer",
+              "bits/char literature", "bits/char web"]
+    body = [[r["run"], r["steps"], f"{r['passes']:.2f}", r["seconds"], f"{r['tok_per_sec']:,}",
+             f"{r['time_vs_trainer']:.2f}x", f"{r['bpc_literature']:.3f}", f"{r['bpc_web']:.3f}"] for r in rows]
+    body += [[f"{name} (floor)", "", "", "", "", "", f"{floors['literature'][name]:.3f}", f"{floors['web'][name]:.3f}"]
+             for name in (floors or {}).get("literature", {})]
+    return provenance.table(header, body)
 
 
 def main() -> None:

@@ -44,7 +44,8 @@ def bare_tok_s(data: str, preset: str, steps: int, batch: int, context: int, pre
     config = HitobanConfig.from_preset(preset, vocab_size=reader.vocab_size)
     torch.manual_seed(0)
     model = HitobanForCausalLM(config).train()
-    optimizer = build_optimizer(model, optimizer_name, default_lr(optimizer_name, preset),  # what the loop runs
+    lr = default_lr(optimizer_name, config.hidden_size)  # what the loop runs
+    optimizer = build_optimizer(model, optimizer_name, lr,
                                 muon_dtype=plan_for("cpu").muon_dtype)
     start = None
     for step in range(steps + 2):

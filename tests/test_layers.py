@@ -1,6 +1,6 @@
-"""Imports run one way: the README's "Where things are" table is the contract, and this test reads every import in
-the tree against it, so a wrong arrow fails with its file and line; and no module reaches itself again through its
-imports (an import circle fails with its modules)."""
+"""Imports run one way: the "Where things are" table of docs/how-it-works.md is the contract, and this test reads
+every import in the tree against it, so a wrong arrow fails with its file and line; and no module reaches itself
+again through its imports (an import circle fails with its modules)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from pathlib import Path
 
 from conftest import REPO
 
-# README names -> module prefixes ("training root": each top-level module of training/, not its rooms)
+LAYOUT = REPO / "docs" / "how-it-works.md"  # its "Where things are" table is the contract
+
+# the table's names -> module prefixes ("training root": each top-level module of training/, not its rooms)
 NAMES = {"modeling": "hitoban.modeling", "training": "hitoban.training", "evaluation": "hitoban.evaluation",
          "release": "hitoban.release", "hitoban.errors": "hitoban.errors", "hitoban.files": "hitoban.files",
          "hitoban.provenance": "hitoban.provenance", "hitoban.options": "hitoban.options",
@@ -30,7 +32,7 @@ def prefixes(names: set[str], root: Path) -> set[str]:
 
 
 def read_rules(readme: str) -> list[tuple[list[str], set[str] | None]]:
-    """(paths, allowed README names or None for anything) per table row, in the table's order."""
+    """(paths, allowed names or None for anything) per table row, in the table's order."""
     section = readme.split("## Where things are", 1)[1].split("\n## ", 1)[0]
     rules = []
     for line in section.splitlines():
@@ -45,7 +47,7 @@ def read_rules(readme: str) -> list[tuple[list[str], set[str] | None]]:
             rules.append((paths, set()))
         else:
             unknown = [n for n in names if n not in NAMES]
-            assert not unknown, f"README table names {unknown}: not a layer this test knows"
+            assert not unknown, f"the layout table names {unknown}: not a layer this test knows"
             rules.append((paths, set(names)))
     return rules
 
@@ -162,19 +164,19 @@ def test_an_import_circle_is_found_with_its_modules(tmp_path):
 
 
 def test_every_import_follows_the_readme_table():
-    rules = read_rules((REPO / "README.md").read_text(encoding="utf-8"))
+    rules = read_rules(LAYOUT.read_text(encoding="utf-8"))
     assert len(rules) >= 6
     covered = {p for paths, _ in rules for p in paths}
     for folder in ("modeling/", "training/data/", "training/pretrain/", "training/finetune/", "training/",
                    "evaluation/", "release/", "hitoban/", "spaces/"):
-        assert any(p == folder or p.startswith(folder) for p in covered), f"the README table has no row for {folder}"
+        assert any(p == folder or p.startswith(folder) for p in covered), f"the layout table has no row for {folder}"
     assert violations(REPO, rules) == []
 
 
 def test_a_wrong_import_fails_with_its_file_and_line(tmp_path):
     """Negative control: a training module that imports evaluation, one that imports the package root, and a
     modeling module that imports training are each reported; the allowed imports beside them are not."""
-    rules = read_rules((REPO / "README.md").read_text(encoding="utf-8"))
+    rules = read_rules(LAYOUT.read_text(encoding="utf-8"))
     for folder in ("modeling", "training", "evaluation", "release", "hitoban", "spaces"):
         (tmp_path / folder).mkdir()
     (tmp_path / "hitoban" / "errors.py").write_text("")

@@ -1,13 +1,16 @@
-"""Every command in README.md is run by a test (litgpt-style).
+"""Every command in README.md and in the guides in docs/ is run by a test (litgpt-style).
 
-Each fenced block in the README is preceded by `<!-- test: TAG -->`:
+Each fenced block of every page (PAGES, read in this order: the recipe's state flows from page to page) is preceded
+by `<!-- test: TAG -->`:
   ci       run here, in README order, in one work folder, with the sizes shrunk by SMALLER (paths point at
            the test corpus and the built-in data);
   install  what .ci/run itself does (install, pytest); `hitoban demo` is run by tests/hitoban/test_demo.py (--quick);
   network  needs the Hugging Face Hub (and a login to upload): marked `network`, run where it is reachable;
   gpu      needs several CUDA GPUs: run only where they exist;
-  llama-cpp needs llama.cpp's Python binding (`pip install "hitoban[llama]"`, a compile): run where it is installed.
-A block without a tag fails the first test, so nothing in the README can escape testing.
+  llama-cpp needs llama.cpp's Python binding (`pip install "hitoban[llama]"`, a compile): run where it is installed;
+  summary  the README's eight commands: each must be a command of a guide's ci or network block (run there);
+  reference the command reference (docs/commands.md): compared with the verbs' parsers in tests/test_docs.py.
+A block without a tag fails the first test, so nothing in the pages can escape testing.
 """
 
 from __future__ import annotations
@@ -27,9 +30,15 @@ from pathlib import Path
 import pytest
 from conftest import CORPUS, REPO
 
-README = (REPO / "README.md").read_text(encoding="utf-8")
+PAGES = ["README.md"] + [f"docs/{name}.md" for name in ("recipe", "device", "machines", "publishing", "using",
+                                                          "how-it-works", "testing", "benchmarks", "commands",
+                                                          "design")]
+TEXTS = {page: (REPO / page).read_text(encoding="utf-8") for page in PAGES}
+README = TEXTS["README.md"]
 BLOCK = re.compile(r"<!-- test: (?P<tag>[\w-]+) -->\n```(?P<lang>\w+)\n(?P<code>.*?)```", re.S)
-BLOCKS = [(m["tag"], m["lang"], m["code"]) for m in BLOCK.finditer(README)]
+PAGE_BLOCKS = [(page, m["tag"], m["lang"], m["code"]) for page in PAGES for m in BLOCK.finditer(TEXTS[page])]
+BLOCKS = [(tag, lang, code) for _, tag, lang, code in PAGE_BLOCKS]
+TAGS = {"ci", "install", "network", "gpu", "llama-cpp", "summary", "reference"}
 BUILTIN = REPO / "hitoban" / "data"
 
 
@@ -150,17 +159,42 @@ def test_a_hanging_readme_command_fails_by_name():
 
 
 def test_every_code_block_is_tagged_and_every_substitution_applies():
-    fences = re.findall(r"^```\w+$", README, re.M)
-    assert len(fences) == len(BLOCKS), "a README code block has no <!-- test: TAG --> line above it"
-    assert {tag for tag, _, _ in BLOCKS} <= {"ci", "install", "network", "gpu", "llama-cpp"}
+    for page, text in TEXTS.items():
+        fences = re.findall(r"^```\w+$", text, re.M)
+        tagged = [b for b in PAGE_BLOCKS if b[0] == page]
+        assert len(fences) == len(tagged), f"a code block in {page} has no <!-- test: TAG --> line above it"
+    assert {tag for tag, _, _ in BLOCKS} <= TAGS
+    assert all(page != "README.md" or tag in ("install", "summary") for page, tag, _, _ in PAGE_BLOCKS)  # a front page
     ci_text = "".join(code for tag, _, code in BLOCKS if tag in ("ci", "network", "gpu"))
     unused = [pattern for pattern, _ in SMALLER if pattern not in ci_text]
-    assert not unused, f"README no longer contains {unused}: update SMALLER"
+    assert not unused, f"the pages no longer contain {unused}: update SMALLER"
     install = "".join(code for tag, _, code in BLOCKS if tag == "install")
     ci_script = (REPO / ".ci" / "run").read_text()
     assert "hitoban demo" in install  # run by tests/hitoban/test_demo.py with --quick
     assert "pip install torch==2.13.0" in ci_script and 'pip install -e ".[dev]"' in ci_script
     assert "python -m pytest -q" in install and "python -m pytest -q" in ci_script
+
+
+def argv_of(line: str) -> list[str]:
+    return shlex.split(line, comments=True)
+
+
+def summary_misses(blocks: list[tuple[str, str, str, str]]) -> list[str]:
+    """The README's summary commands that are not, word for word, a command of a guide's ci or network block."""
+    guided = {tuple(argv_of(line)) for page, tag, lang, code in blocks
+              if page != "README.md" and tag in ("ci", "network") and lang == "bash" for line in commands(code)}
+    return [line for page, tag, _, code in blocks if tag == "summary" for line in commands(code)
+            if tuple(argv_of(line)) not in guided]
+
+
+def test_the_front_pages_commands_are_the_recipes():
+    """The eight commands on the front page are run where the recipe runs them; none may drift from it. Negative
+    control: a changed option in the summary is reported."""
+    assert len([line for tag, _, code in BLOCKS if tag == "summary" for line in commands(code)]) == 8
+    assert summary_misses(PAGE_BLOCKS) == []
+    drifted = [(p, t, lang, c.replace("--vocab-size 32000", "--vocab-size 16000") if t == "summary" else c)
+               for p, t, lang, c in PAGE_BLOCKS]
+    assert summary_misses(drifted) == ["hitoban tokenizer --corpus data/corpus --out data/tok --vocab-size 16000"]
 
 
 @pytest.mark.slow

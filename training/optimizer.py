@@ -12,23 +12,28 @@ from dataclasses import dataclass
 
 from hitoban.options import Checked, option
 
-DEFAULT_LR = {"muon": 2e-3, "adamw": 6e-4}  # adamw: 3LM's; muon: kept for the shapes no sweep has measured
-# Where a sweep measured better (README Benchmarks: small, 16 x 256, fp32 on a CPU imitating one without native bf16,
-# Muon + WSD at 8e-3 beat 2e-3, 3e-3, 4e-3 and 6e-3 on both held-out domains at 114 and 240 steps; bench_night.py with
-# native bf16 confirms it against the Trainer; longer nights at this shape were not swept)
-PRESET_LR = {("muon", "small"): 8e-3}
+ADAMW_LR = 6e-4  # 3LM's, at every shape
+# Muon's peak lr follows the width (muP-style: Muon's update is scaled to AdamW's RMS, so its spectral size grows as
+# sqrt(width) and the lr that keeps it steady falls as width^-1/2); fitted by benchmarks/bench_lr.py on sweeps at
+# several widths in the night's regime and checked at the 3lm shape (README Benchmarks).
+LR_AT_256 = 8e-3
+LR_WIDTH_EXPONENT = 0.5
+
+
+def lr_for_width(width: int) -> float:
+    """Muon's peak lr at this hidden size, by the rule above (two significant figures: the number a person reads)."""
+    return float(f"{LR_AT_256 * (256 / width) ** LR_WIDTH_EXPONENT:.2g}")
 
 
 def _lr_help() -> str:
-    """--lr's help, written from the tables above (a default is never restated by hand)."""
-    measured = ", ".join(f"{lr:g} at the {preset} preset" for (opt, preset), lr in PRESET_LR.items() if opt == "muon")
-    return (f"peak learning rate (default: with muon {measured}, {DEFAULT_LR['muon']:g} at the others; "
-            f"{DEFAULT_LR['adamw']:g} with adamw, 3LM's)")
+    """--lr's help, written from the rule above (a default is never restated by hand)."""
+    return (f"peak learning rate (default: with muon {LR_AT_256:g} x (256 / the preset's width) ^ "
+            f"{LR_WIDTH_EXPONENT:g}, fitted by benchmarks/bench_lr.py; {ADAMW_LR:g} with adamw, 3LM's)")
 
 
-def default_lr(optimizer: str, preset: str) -> float | None:
-    """The peak lr a run gets without --lr: the measured one for this optimizer and shape, else the optimizer's."""
-    return PRESET_LR.get((optimizer, preset), DEFAULT_LR.get(optimizer))
+def default_lr(optimizer: str, width: int) -> float:
+    """The peak lr a run gets without --lr: by the width rule with Muon, 3LM's with AdamW."""
+    return lr_for_width(width) if optimizer == "muon" else ADAMW_LR
 
 
 @dataclass(kw_only=True)
@@ -46,11 +51,11 @@ class OptimizerOptions(Checked):
                                     "(benchmarks/bench_night.py)",
                             choices=("adamw", "muon"), trajectory=True)
 
-    def resolve_lr(self, preset: str) -> None:
-        """Give `lr` its default for this shape when none was given: resolved once, so every reader (the
-        fingerprint, the run folder, the card) sees the number."""
+    def resolve_lr(self, width: int) -> None:
+        """Give `lr` its default for a model of this hidden size when none was given: resolved once, so every reader
+        (the fingerprint, the run folder, the card) sees the number."""
         if self.lr is None:
-            self.lr = default_lr(self.optimizer, preset)
+            self.lr = default_lr(self.optimizer, width)
 
     def optimizer_for(self, model, lr: float, muon_dtype: str):
         """The optimizer over `model`'s parameters at learning rate `lr` (the schedule's first)."""
@@ -59,4 +64,4 @@ class OptimizerOptions(Checked):
         return build_optimizer(model, self.optimizer, lr, self.weight_decay, self.adam_bias_correction, muon_dtype)
 
 
-__all__ = ["DEFAULT_LR", "PRESET_LR", "OptimizerOptions", "default_lr"]
+__all__ = ["ADAMW_LR", "LR_AT_256", "LR_WIDTH_EXPONENT", "OptimizerOptions", "default_lr", "lr_for_width"]

@@ -38,7 +38,9 @@ def test_the_kill_test_gets_the_nights_exact_options_back():
     # every trajectory option is spelled out, defaults included: a changed default cannot slip past the kill test
     argv = to_argv(TrainingOptions(data="x"))
     assert "--optimizer" in argv and "--weight-decay" in argv and "--seed" in argv and "--data" not in argv
-    assert argv[argv.index("--lr") + 1] == "0.002"  # resolved once, for its optimizer: the runs get the number
+    from hitoban.training.optimizer import lr_for_width
+
+    assert argv[argv.index("--lr") + 1] == f"{lr_for_width(512):g}"  # resolved once (3lm, 512 wide): the number
     assert TrainingOptions(data="x", optimizer="adamw").lr == 6e-4 and TrainingOptions(data="x", lr=1e-3).lr == 1e-3
     assert to_argv(dataclasses.replace(night, lr=2e-3)) != to_argv(night)  # and a change is carried
 
@@ -49,8 +51,10 @@ def test_the_default_lr_is_the_measured_one_for_the_optimizer_and_shape():
     def lr(**options):
         return PretrainConfig(data="d", out="o", steps=1, **options).lr
 
-    assert lr(preset="small") == 8e-3  # measured (bench_night, both CPU kinds)
-    assert lr(preset="3lm") == lr(preset="zxell-s") == lr(preset="tiny") == 2e-3  # not swept: the optimizer's
+    from hitoban.training.optimizer import LR_AT_256, lr_for_width
+
+    assert lr(preset="small") == LR_AT_256  # the rule's anchor: small is 256 wide
+    assert lr(preset="tiny") > lr(preset="small") > lr(preset="zxell-s") > lr(preset="3lm") == lr_for_width(512)
     assert lr(preset="small", optimizer="adamw") == 6e-4 and lr(preset="small", lr=1e-3) == 1e-3
 
 

@@ -7,29 +7,53 @@ import dataclasses
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
-from hitoban.modeling import HitobanConfig, HitobanForCausalLM
+from hitoban.modeling import PRESETS, HitobanConfig, HitobanForCausalLM
+from hitoban.training import optimizer
 from hitoban.training.optim import Hybrid
-from hitoban.training.optimizer import DEFAULT_LR, PRESET_LR, OptimizerOptions, default_lr
+from hitoban.training.optimizer import (
+    ADAMW_LR,
+    LR_AT_256,
+    LR_WIDTH_EXPONENT,
+    OptimizerOptions,
+    default_lr,
+    lr_for_width,
+)
 from hitoban.training.schedule import Schedule, ScheduleOptions
 
 
 @pytest.mark.parametrize("optimizer, preset", [("muon", "small"), ("muon", "3lm"), ("adamw", "small"),
-                                               ("adamw", "tiny")])
+                                               ("adamw", "tiny"), ("muon", "zxell-s")])
 def test_the_lr_a_run_gets_without_one(optimizer, preset):
+    width = PRESETS[preset]["hidden_size"]
     options = OptimizerOptions(optimizer=optimizer)
-    options.resolve_lr(preset)
-    assert options.lr == PRESET_LR.get((optimizer, preset), DEFAULT_LR[optimizer]) == default_lr(optimizer, preset)
+    options.resolve_lr(width)
+    assert options.lr == default_lr(optimizer, width) == (lr_for_width(width) if optimizer == "muon" else ADAMW_LR)
     given = OptimizerOptions(optimizer=optimizer, lr=1e-3)
-    given.resolve_lr(preset)
+    given.resolve_lr(width)
     assert given.lr == 1e-3  # a given lr is never replaced
+
+
+@given(st.integers(32, 4096), st.integers(32, 4096))
+def test_the_width_rule_is_a_power_law_through_its_anchor(narrow, wide):
+    """Muon's default: LR_AT_256 at width 256, falling as width^-LR_WIDTH_EXPONENT (to the 2 figures it is shown
+    with), the same for any pair of widths."""
+    assert lr_for_width(256) == LR_AT_256
+    narrow, wide = sorted((narrow, wide))
+    assert lr_for_width(narrow) >= lr_for_width(wide)
+    exact = (wide / narrow) ** LR_WIDTH_EXPONENT
+    assert lr_for_width(narrow) / lr_for_width(wide) == pytest.approx(exact, rel=0.12)  # 2 figures each side
 
 
 def test_the_night_options_resolve_the_lr_once_from_the_component():
     from hitoban.training.pretrain.options import TrainingOptions
 
-    assert TrainingOptions(data="d", preset="small").lr == 8e-3
+    assert TrainingOptions(data="d", preset="small").lr == LR_AT_256  # small is 256 wide
+    assert TrainingOptions(data="d", preset="3lm").lr == lr_for_width(512) < LR_AT_256
     assert TrainingOptions(data="d", preset="3lm", optimizer="adamw").lr == 6e-4
+    assert TrainingOptions(data="d", preset="no-such", lr=None).lr is None  # refused by name where the run starts
     fields = {f.name: f for f in dataclasses.fields(TrainingOptions)}
     assert fields["lr"] is not None and OptimizerOptions.__dataclass_fields__["lr"].metadata == fields["lr"].metadata
 
@@ -50,11 +74,10 @@ def test_schedule_for_is_the_schedule_of_the_options():
         ScheduleOptions(warmup_frac=2.0)
 
 
-def test_lr_help_is_written_from_the_defaults_table(monkeypatch):
-    """--lr's default lives in one table; the help is made from it (a changed default cannot leave the help stale)."""
-    from hitoban.training import optimizer
-
+def test_lr_help_is_written_from_the_rule(monkeypatch):
+    """--lr's default lives in one rule; the help is made from it (a changed default cannot leave the help stale)."""
     help_text = optimizer.OptimizerOptions.__dataclass_fields__["lr"].metadata["help"]
-    assert all(f"{lr:g}" in help_text for lr in (*optimizer.DEFAULT_LR.values(), *optimizer.PRESET_LR.values()))
-    monkeypatch.setitem(optimizer.PRESET_LR, ("muon", "small"), 5e-3)  # negative control: a new default, new help
-    assert "0.005 at the small preset" in optimizer._lr_help()
+    assert all(f"{value:g}" in help_text for value in (LR_AT_256, LR_WIDTH_EXPONENT, ADAMW_LR))
+    assert "bench_lr.py" in help_text  # where the rule was fitted
+    monkeypatch.setattr(optimizer, "LR_AT_256", 5e-3)  # negative control: a new default, new help
+    assert "0.005 x (256" in optimizer._lr_help()

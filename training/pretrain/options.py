@@ -31,8 +31,12 @@ class TrainingOptions(OptimizerOptions, ScheduleOptions, DeviceOptions):
     seed: int = option(1234, "initialisation and batches: (seed, step) -> batch", min=0, trajectory=True)
 
     def __post_init__(self) -> None:
-        self.resolve_lr(getattr(self, "preset", ""))
         check_ranges(self)
+        if self.lr is None:
+            from hitoban.modeling.configuration_hitoban import PRESETS  # lazy: the model package loads torch
+
+            if self.preset in PRESETS:  # an unknown one is refused by name where the run starts
+                self.resolve_lr(PRESETS[self.preset]["hidden_size"])
 
 
 def trajectory_fields(cls: type = TrainingOptions) -> tuple[str, ...]:

@@ -254,8 +254,8 @@ def test_chat_loop_commands_history_and_reset(pretrained):
 
 @pytest.mark.slow  # a Trainer run in a fresh interpreter (~7-11 s)
 def test_readme_trainer_snippet_runs_as_written(pretrained, tmp_path):
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("### Fine-tune a character tone with the Trainer"):]
+    readme = (REPO / "docs" / "using.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Fine-tune a character tone with the Trainer"):]
     code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
     tone = tmp_path / "tone.jsonl"
     tone.write_text("\n".join(json.dumps({"user": f"今日の予定{i}は？", "assistant": f"予定{i}はのんびりだよ〜"},

@@ -1,0 +1,155 @@
+"""The learning-rate rule, fitted and checked: sweeps of `--lr` at several widths in the night's regime.
+
+Each width is the `small` preset's shape (depth 4, head 64, SwiGLU 8/3) at another hidden size, trained with hitoban's
+defaults (Muon + AdamW, WSD, one shared --lr: Muon's update is scaled to AdamW's RMS) for the same steps of 16 x 256
+tokens, reading its training text less than once (the passes are printed), and scored by bits/char on held-out
+literature and web never trained on (their mean decides). The measured optimum at each width is the vertex of a
+parabola through the best grid point and its neighbours in log2(lr); the rule `lr = LR_AT_256 * (256 / width) **
+LR_WIDTH_EXPONENT` (training/optimizer.py) is fitted to those optima by least squares in log-log, and `--check
+3lm` trains the `3lm` shape (width 512, depth 6; this benchmark's vocabulary 8000 and context 256) at the rule's lr and
+at half and twice it.
+
+    python benchmarks/bench_lr.py [--widths 128 256 384] [--steps 200] [--check 3lm] [--out bench-lr]
+
+Every run is a subprocess of `hitoban pretrain` with the preset's width replaced in that process only. The corpus is
+bench_night.py's (the larger one where present; the first line says which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import provenance
+from bench_night import bits_per_char, prepare, run
+from corpora import pick_corpus
+
+from hitoban.training.data.shards import load_index
+from hitoban.training.optimizer import LR_AT_256, LR_WIDTH_EXPONENT
+
+WITH_SHAPE = r'''
+import json, sys
+from hitoban.modeling import configuration_hitoban
+configuration_hitoban.PRESETS[sys.argv[1]] = {**configuration_hitoban.PRESETS[sys.argv[1]], **json.loads(sys.argv[2])}
+from hitoban.cli import main
+sys.exit(main(sys.argv[3:]))
+'''
+BATCH, CONTEXT = 16, 256
+
+
+def shape(width: int, depth: int = 4) -> dict:
+    return {"hidden_size": width, "num_hidden_layers": depth, "num_attention_heads": max(1, width // 64)}
+
+
+def train(shards: Path, folder: Path, preset: str, overrides: dict, lr: float, steps: int) -> float:
+    """Seconds for one `hitoban pretrain` at this shape and lr (skipped where its final/ is already there)."""
+    if (folder / "final" / "model.safetensors").exists():
+        return json.loads((folder / "seconds.json").read_text())
+    argv = ["pretrain", "--data", str(shards), "--preset", preset, "--batch-size", str(BATCH), "--context",
+            str(CONTEXT), "--steps", str(steps), "--lr", f"{lr:g}", "--eval-every", "1000000", "--eval-batches", "2",
+            "--resume", "never", "--no-progress", "--out", str(folder)]
+    seconds = run([sys.executable, "-c", WITH_SHAPE, preset, json.dumps(overrides)] + argv)
+    (folder / "seconds.json").write_text(json.dumps(seconds))
+    return seconds
+
+
+def vertex(lrs: list[float], scores: list[float]) -> tuple[float, bool]:
+    """(the optimum lr, whether it lies inside the grid): a parabola in log2(lr) through the best point and its two
+    neighbours; the best grid point itself where it sits at an edge."""
+    best = int(np.argmin(scores))
+    if best in (0, len(lrs) - 1):
+        return lrs[best], False
+    x = np.log2(lrs[best - 1: best + 2])
+    a, b, _ = np.polyfit(x, scores[best - 1: best + 2], 2)
+    return float(2 ** (-b / (2 * a))), True
+
+
+def sweep(shards: Path, domains: dict, out: Path, label: str, preset: str, overrides: dict, lrs: list[float],
+          steps: int, widen: bool) -> dict:
+    """Train at every lr (and one more beyond an edge that wins, when `widen`), score, find the optimum."""
+    lrs = sorted(float(f"{lr:.3g}") for lr in lrs)
+    scores: dict[float, dict] = {}
+    while True:
+        for lr in lrs:
+            if lr not in scores:
+                folder = out / "runs" / f"{label}-lr{lr:g}"
+                seconds = train(shards, folder, preset, overrides, lr, steps)
+                bpc = bits_per_char({"run": folder / "final"}, domains, out)
+                scores[lr] = {"seconds": round(seconds, 1), **{d: round(bpc[("run", d)], 4) for d in domains}}
+                scores[lr]["mean"] = round(sum(scores[lr][d] for d in domains) / len(domains), 4)
+                print(f"{label} lr {lr:g}: {scores[lr]}", flush=True)
+        means = [scores[lr]["mean"] for lr in lrs]
+        best = int(np.argmin(means))
+        if not widen or best not in (0, len(lrs) - 1):
+            break
+        lrs = [float(f"{lrs[0] / 2:.3g}")] + lrs if best == 0 else lrs + [float(f"{lrs[-1] * 2:.3g}")]
+    optimum, inside = vertex(lrs, [scores[lr]["mean"] for lr in lrs])
+    return {"label": label, "overrides": overrides, "steps": steps, "grid": {f"{lr:g}": scores[lr] for lr in lrs},
+            "optimum": optimum, "inside_grid": inside}
+
+
+def fit(rows: list[dict]) -> tuple[float, float]:
+    """(lr at width 256, exponent) of lr = a * (256 / width) ** k, least squares in log-log over the optima."""
+    x = np.log([256 / r["overrides"]["hidden_size"] for r in rows])
+    y = np.log([r["optimum"] for r in rows])
+    k, log_a = np.polyfit(x, y, 1)
+    return float(math.exp(log_a)), float(k)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--widths", type=int, nargs="+", default=[128, 256, 384], help="hidden sizes swept (depth 4)")
+    parser.add_argument("--steps", type=int, default=200, help="steps of 16 x 256 tokens per run")
+    parser.add_argument("--grid", type=float, nargs="+", default=[0.5, 1, 2],
+                        help="multiples of the centre lr tried at each width (widened by 2x past an edge that wins)")
+    parser.add_argument("--centre", type=float, nargs=2, default=[LR_AT_256, LR_WIDTH_EXPONENT],
+                        metavar=("LR_AT_256", "EXPONENT"), help="the grid's centre at each width: LR_AT_256 x (256 / "
+                        "width) ^ EXPONENT (default: the rule's own, training/optimizer.py)")
+    parser.add_argument("--check", choices=["3lm", "none"], default="3lm", help="also train the 3lm shape at the "
+                        "rule's lr, half and twice it")
+    parser.add_argument("--check-steps", type=int, default=200)
+    parser.add_argument("--corpus", help="corpus folder (default: the larger corpus if present, else tests/corpus)")
+    parser.add_argument("--out", default="bench-lr")
+    args = parser.parse_args()
+    out = Path(args.out)
+
+    def centre(width: int) -> float:
+        return float(f"{args.centre[0] * (256 / width) ** args.centre[1]:.2g}")
+
+    shards, domains = prepare(pick_corpus(args.corpus)[0], out / "data")
+    train_tokens = load_index(shards)["splits"]["train"]["tokens"]
+    rows = [sweep(shards, domains, out, f"w{width}", "small", shape(width), [centre(width) * g for g in args.grid],
+                  args.steps, widen=True) for width in args.widths]
+    a, k = fit(rows)
+    if args.check == "3lm":
+        width = 512
+        predicted = float(f"{a * (256 / width) ** k:.2g}")  # this sweep's fit, before the 3lm shape is seen
+        rows.append(sweep(shards, domains, out, "3lm", "3lm", {"hidden_size": width},
+                          [predicted * g for g in (0.5, 1, 2)], args.check_steps, widen=False))
+    lines = [f"Training text: {train_tokens:,} tokens. Rule in training/optimizer.py: lr = {LR_AT_256:g} x (256 / "
+             f"width) ^ {LR_WIDTH_EXPONENT:g}; fitted on this sweep's optima: {a:.3g} x (256 / width) ^ {k:.2f}.", "",
+             ]
+    body = []
+    for row in rows:
+        width = row["overrides"]["hidden_size"]
+        tried = "; ".join(f"{lr}: {s['mean']:.3f} ({s['literature']:.3f}, {s['web']:.3f})" for lr, s in
+                          row["grid"].items())
+        rule = a * (256 / width) ** k
+        edge = "" if row["inside_grid"] else " (grid edge)"
+        passes = row["steps"] * BATCH * CONTEXT / train_tokens
+        body.append([f"{row['label']} (width {width})", row["steps"], f"{passes:.3f}", tried,
+                     f"{row['optimum']:.3g}{edge}", f"{rule:.3g}", f"{rule / row['optimum']:.2f}"])
+    lines += provenance.table(["shape", "steps", "passes", "lr tried: mean held-out bits/char (literature, web)",
+                               "measured optimum", "fitted rule's lr", "rule / optimum"], body)
+    (out / "bench_lr.json").write_text(json.dumps({"train_tokens": train_tokens, "fit": [a, k], "rows": rows},
+                                                  indent=2))
+    (out / "bench_lr.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
