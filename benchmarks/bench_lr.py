@@ -6,8 +6,8 @@ tokens, reading its training text less than once (the passes are printed), and s
 literature and web never trained on (their mean decides). The measured optimum at each width is the vertex of a
 parabola through the best grid point and its neighbours in log2(lr); the rule `lr = LR_AT_256 * (256 / width) **
 LR_WIDTH_EXPONENT` (training/optimizer.py) is fitted to those optima by least squares in log-log, and `--check
-3lm` trains the `3lm` shape (width 512, depth 6; this benchmark's vocabulary 8000 and context 256) at the rule's lr and
-at half and twice it.
+3lm` trains the `3lm` shape (width 512, depth 6; this benchmark's vocabulary 8000 and context 256) at that fit's lr
+and at half and twice it.
 
     python benchmarks/bench_lr.py [--widths 128 256 384] [--steps 200] [--check 3lm] [--out bench-lr]
 
@@ -110,7 +110,7 @@ def main() -> None:
                         metavar=("LR_AT_256", "EXPONENT"), help="the grid's centre at each width: LR_AT_256 x (256 / "
                         "width) ^ EXPONENT (default: the rule's own, training/optimizer.py)")
     parser.add_argument("--check", choices=["3lm", "none"], default="3lm", help="also train the 3lm shape at the "
-                        "rule's lr, half and twice it")
+                        "fitted lr, half and twice it")
     parser.add_argument("--check-steps", type=int, default=200)
     parser.add_argument("--corpus", help="corpus folder (default: the larger corpus if present, else tests/corpus)")
     parser.add_argument("--out", default="bench-lr")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import re
 import shlex
 import sys
 from pathlib import Path
@@ -21,14 +20,15 @@ IMITATION = ("HITOBAN_CPU_BF16", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"
 def machine() -> str:
     import torch
 
-    from hitoban.training.hardware import cpu_model
+    from hitoban.training.hardware import cpu_has_native_bf16, cpu_model
 
     if torch.cuda.is_available():
         return torch.cuda.get_device_name(0).replace("NVIDIA ", "").replace(" ", "-")
     model = cpu_model() or "cpu"
     vendor = next((name for name in ("EPYC", "Xeon", "Ryzen", "Core") if name in model), model.split()[0])
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    kind = "AMX" if "amx_bf16" in flags else "bf16" if re.search(r"\b(avx512_bf16|bf16)\b", flags) else "nobf16"
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    native = cpu_has_native_bf16(cpuinfo)  # the device plan's own reader of the flags
+    kind = "nobf16" if not native else "AMX" if "amx_bf16" in cpuinfo else "bf16"
     imitated = os.environ.get("HITOBAN_CPU_BF16") == "0" and os.environ.get("ONEDNN_MAX_CPU_ISA") == "AVX2"
     return f"{vendor}-{kind}-{os.cpu_count()}c" + ("-as-AVX2" if imitated else "")
 

@@ -13,11 +13,23 @@ from enum import IntEnum
 
 class ExitCode(IntEnum):
     OK = 0
-    CHECK_FAILED = 1  # a gate found something: a leak, a PII reproduction, a failed kill test, a refused upload
-    BAD_INPUT = 2  # wrong arguments or unusable input (argparse uses 2 as well)
-    DIVERGED = 3  # the loss or the gradient became NaN/inf; the last good checkpoint is untouched
-    NOT_MEASURED = 4  # a measurement had nothing to measure (e.g. the PII probe found no contact to try)
+    CHECK_FAILED = 1
+    BAD_INPUT = 2  # argparse uses 2 as well
+    DIVERGED = 3
+    NOT_MEASURED = 4
     INTERRUPTED = 130
+
+
+EXIT_MEANINGS = {  # what each code tells a script; the command reference (docs/commands.md) prints this table
+    ExitCode.OK: "done",
+    ExitCode.CHECK_FAILED: "a gate found something: a leak, a PII reproduction, a secret, a failed kill test or "
+                           "check, a refused upload",
+    ExitCode.BAD_INPUT: "bad input: wrong arguments, an unusable file (named, with its byte offset for undecodable "
+                        "text), an output that exists, a resume that does not fit",
+    ExitCode.DIVERGED: "the loss or the gradient diverged (NaN/inf); the last good checkpoint is untouched",
+    ExitCode.NOT_MEASURED: "not measured: there was nothing to measure (e.g. no contact for the PII probe to try)",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
+}
 
 
 class HitobanError(Exception):

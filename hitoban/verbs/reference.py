@@ -9,19 +9,9 @@ import os
 import sys
 from collections.abc import Iterator
 
-from hitoban.errors import ExitCode
+from hitoban.errors import EXIT_MEANINGS
 
 WIDTH = 110  # the help's line width on the page, whatever the terminal that wrote it
-EXIT_MEANINGS = {  # what each exit code tells a script (hitoban/errors.py owns the codes)
-    ExitCode.OK: "done",
-    ExitCode.CHECK_FAILED: "a gate found something: a leak, a PII reproduction, a secret, a failed kill test or "
-                           "check, a refused upload",
-    ExitCode.BAD_INPUT: "bad input: wrong arguments, an unusable file (named, with its byte offset for undecodable "
-                        "text), an output that exists, a resume that does not fit",
-    ExitCode.DIVERGED: "the loss or the gradient diverged (NaN/inf); the last good checkpoint is untouched",
-    ExitCode.NOT_MEASURED: "not measured: there was nothing to measure (e.g. no contact for the PII probe to try)",
-    ExitCode.INTERRUPTED: "interrupted (Ctrl-C)",
-}
 
 
 def verbs(parser: argparse.ArgumentParser, prefix: str = "hitoban") -> Iterator[tuple[str, argparse.ArgumentParser]]:
