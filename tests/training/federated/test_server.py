@@ -342,7 +342,9 @@ def test_an_adversarial_machine_cannot_poison_crash_free_ride_or_impersonate(tin
         assert offender == "node-11" and "the name of node 10" in refused[0]["why"]
     lineage = json.loads((run / "final" / "lineage.json").read_text())
     assert set(lineage["federated"]["machines"]) == ({"a", "b"} if adversary == "replayed" else {"a"})
-    assert abs(summary["best_val"] - honest_only["best_val"]) < 0.05 * honest_only["best_val"]
+    # one-sided: poison makes the model worse. Alone, "a" gets larger tasks, so fewer outer steps, and at tiny's lr
+    # (1.6e-2 since the width rule) that run scores ~5% *worse* than the runs with a refused adversary beside it
+    assert summary["best_val"] < 1.05 * honest_only["best_val"]
 
 
 @pytest.mark.slow  # a tiny federated night (~20 s)
