@@ -13,23 +13,23 @@ from dataclasses import dataclass
 from hitoban.options import Checked, option
 
 ADAMW_LR = 6e-4  # 3LM's, at every shape
-# Muon's peak lr follows the width (muP-style: Muon's update is scaled to AdamW's RMS, so its spectral size grows as
-# sqrt(width) and the lr that keeps it steady falls as width^-1/2); checked by benchmarks/bench_lr.py's sweeps at
-# four widths in the night's regime and at the 3lm shape (docs/benchmarks.md: its own fit falls faster, 0.85, and
-# puts these constants at 0.46x-1.5x of the measured optima; 0.91x at 3lm).
-LR_AT_256 = 8e-3
-LR_WIDTH_EXPONENT = 0.5
+# Muon's peak lr follows the width as a power law, fitted by benchmarks/bench_lr.py to the measured optima at four
+# widths (64-384) in the night's regime, minimax in log-log: within 1.47x of each, 1.10x at the 3lm shape checked
+# afterwards (docs/benchmarks.md). The exponent is close to muP's 1 for updates matched to AdamW's RMS, as Muon's are
+# here (the lr that keeps a hidden layer's change steady falls as 1 / fan-in).
+LR_AT_256 = 0.0127
+LR_WIDTH_EXPONENT = 0.89
 
 
 def lr_for_width(width: int) -> float:
-    """Muon's peak lr at this hidden size, by the rule above (two significant figures: the number a person reads)."""
-    return float(f"{LR_AT_256 * (256 / width) ** LR_WIDTH_EXPONENT:.2g}")
+    """Muon's peak lr at this hidden size, by the rule above (three significant figures: the number a person reads)."""
+    return float(f"{LR_AT_256 * (256 / width) ** LR_WIDTH_EXPONENT:.3g}")
 
 
 def _lr_help() -> str:
     """--lr's help, written from the rule above (a default is never restated by hand)."""
     return (f"peak learning rate (default: with muon {LR_AT_256:g} x (256 / the preset's width) ^ "
-            f"{LR_WIDTH_EXPONENT:g}, checked by benchmarks/bench_lr.py; {ADAMW_LR:g} with adamw, 3LM's)")
+            f"{LR_WIDTH_EXPONENT:g}, fitted by benchmarks/bench_lr.py; {ADAMW_LR:g} with adamw, 3LM's)")
 
 
 def default_lr(optimizer: str, width: int) -> float:

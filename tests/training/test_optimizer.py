@@ -4,6 +4,8 @@ here once, and `optimizer_for` builds what the options say."""
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +25,8 @@ from hitoban.training.optimizer import (
 )
 from hitoban.training.schedule import Schedule, ScheduleOptions
 
+SWEEP = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "lr-sweep-2026-12-05" / "bench_lr.json"
+
 
 @pytest.mark.parametrize("optimizer, preset", [("muon", "small"), ("muon", "3lm"), ("adamw", "small"),
                                                ("adamw", "tiny"), ("muon", "zxell-s")])
@@ -38,13 +42,28 @@ def test_the_lr_a_run_gets_without_one(optimizer, preset):
 
 @given(st.integers(32, 4096), st.integers(32, 4096))
 def test_the_width_rule_is_a_power_law_through_its_anchor(narrow, wide):
-    """Muon's default: LR_AT_256 at width 256, falling as width^-LR_WIDTH_EXPONENT (to the 2 figures it is shown
+    """Muon's default: LR_AT_256 at width 256, falling as width^-LR_WIDTH_EXPONENT (to the 3 figures it is shown
     with), the same for any pair of widths."""
     assert lr_for_width(256) == LR_AT_256
     narrow, wide = sorted((narrow, wide))
     assert lr_for_width(narrow) >= lr_for_width(wide)
     exact = (wide / narrow) ** LR_WIDTH_EXPONENT
-    assert lr_for_width(narrow) / lr_for_width(wide) == pytest.approx(exact, rel=0.12)  # 2 figures each side
+    assert lr_for_width(narrow) / lr_for_width(wide) == pytest.approx(exact, rel=0.011)  # 3 figures each side
+
+
+def worst_factor(rule, sweep=SWEEP) -> float:
+    """The largest factor between `rule`'s lr and the measured optimum over every shape of a committed sweep."""
+    rows = json.loads(sweep.read_text())["rows"]
+    return max(max(rule(w) / r["optimum"], r["optimum"] / rule(w)) for r in rows
+               for w in [r["overrides"]["hidden_size"]])
+
+
+def test_the_default_rule_is_within_1_5x_of_every_measured_optimum():
+    """Issue 37's target, read from the sweep committed beside the benchmark (four widths and the 3lm check): the
+    constants cannot move away from the measurement without this failing."""
+    assert worst_factor(lr_for_width) <= 1.5
+    assert worst_factor(lambda w: 8e-3 * (256 / w) ** 0.5) > 1.5  # negative control: the rule before the sweep
+    assert worst_factor(lambda w: LR_AT_256) > 1.5  # and one lr for every width
 
 
 def test_the_night_options_resolve_the_lr_once_from_the_component():
