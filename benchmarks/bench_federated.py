@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+import provenance
 from bench_night import bits_per_char, prepare, run
 from corpora import pick_corpus
 
@@ -139,32 +140,28 @@ def main() -> None:
     bpc = bits_per_char(models, domains, out)
     params = HitobanForCausalLM.from_pretrained(single / "final").num_parameters()  # tied: counted once
     base = {d: bpc[("one machine (hitoban pretrain)", d)] for d in ("literature", "web")}
-    lines = [f"same shards, `tiny` shape ({params / 1e6:.2f}M parameters), {args.tokens:,} tokens each, on "
-             f"{os.cpu_count()} shared CPU cores; bytes per machine against DDP's ring all-reduce of fp32 gradients "
-             "at the same global batch",
-             "| run | rounds | wall s | bits/char literature | bits/char web | vs one machine (lit / web) | "
-             "MB sent / received per machine | DDP MB sent / received | DDP / federated, sent | "
-             "DDP / federated, sent + received |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    header = ["run", "rounds", "wall s", "bits/char literature", "bits/char web", "vs one machine (lit / web)",
+              "MB sent / received per machine", "DDP MB sent / received", "DDP / federated, sent",
+              "DDP / federated, sent + received"]
+    body = []
     for label in models:
         lit, web = bpc[(label, "literature")], bpc[(label, "web")]
-        row = f"| {label} | "
-        if label in summaries:
-            s = summaries[label]
-            n = len([m for m in s["per_machine"].values() if m["windows"]])
-            sent = max(m["bytes_up"] for m in s["per_machine"].values()) / 1e6
-            received = max(m["bytes_down"] for m in s["per_machine"].values()) / 1e6
-            steps = args.tokens // (batches[label][0] * batches[label][1] * 256)  # DDP's steps at this global batch
-            ddp = steps * 2 * (n - 1) / n * 4 * params / 1e6 if n > 1 else 0.0  # sent, and as much received
-            ratios = (f"{ddp / sent:,.0f}x | {2 * ddp / (sent + received):,.0f}x" if ddp
-                      else "(no all-reduce) | (no all-reduce)")
-            row += f"{s['rounds']} | {seconds[label]:.0f} | "
-            tail = f" | {sent:,.1f} / {received:,.1f} | {ddp:,.1f} / {ddp:,.1f} | {ratios} |"
-        else:
-            row += f"- | {seconds[label]:.0f} | "
-            tail = " | - | - | - | - |"
-        lines.append(row + f"{lit:.3f} | {web:.3f} | {lit - base['literature']:+.3f} / {web - base['web']:+.3f}"
-                     + tail)
+        scores = [f"{lit:.3f}", f"{web:.3f}", f"{lit - base['literature']:+.3f} / {web - base['web']:+.3f}"]
+        if label not in summaries:
+            body.append([label, "-", f"{seconds[label]:.0f}", *scores, "-", "-", "-", "-"])
+            continue
+        s = summaries[label]
+        n = len([m for m in s["per_machine"].values() if m["windows"]])
+        sent = max(m["bytes_up"] for m in s["per_machine"].values()) / 1e6
+        received = max(m["bytes_down"] for m in s["per_machine"].values()) / 1e6
+        steps = args.tokens // (batches[label][0] * batches[label][1] * 256)  # DDP's steps at this global batch
+        ddp = steps * 2 * (n - 1) / n * 4 * params / 1e6 if n > 1 else 0.0  # sent, and as much received
+        ratios = [f"{ddp / sent:,.0f}x", f"{2 * ddp / (sent + received):,.0f}x"] if ddp else ["(no all-reduce)"] * 2
+        body.append([label, s["rounds"], f"{seconds[label]:.0f}", *scores, f"{sent:,.1f} / {received:,.1f}",
+                     f"{ddp:,.1f} / {ddp:,.1f}", *ratios])
+    lines = [f"same shards, `tiny` shape ({params / 1e6:.2f}M parameters), {args.tokens:,} tokens each, on "
+             f"{os.cpu_count()} shared CPU cores; bytes per machine against DDP's ring all-reduce of fp32 gradients "
+             "at the same global batch", "", *provenance.table(header, body)]
     print("\n".join(lines))
     (out / "bench_federated.json").write_text(json.dumps({
         "tokens": args.tokens, "inner_steps": args.inner_steps, "seconds": seconds,

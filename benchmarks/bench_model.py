@@ -27,6 +27,7 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+import provenance
 import torch
 
 from hitoban import HitobanConfig, HitobanForCausalLM
@@ -323,6 +324,11 @@ def main() -> None:
         mfu = f"  MFU {row['mfu_hitoban']:.1%}" if "mfu_hitoban" in row else ""
         print(f"{row['row'] + ' (' + row['unit'] + ')':<32}{row['hitoban']:>10,.0f}{row['llama']:>10,.0f}"
               f"{row['ratio']:>8.2f}{mfu}")
+    print("\nFor docs/benchmarks.md:\n")
+    print("\n".join(provenance.table(["measurement", "hitoban", "Llama / plain `generate`", "ratio"], [
+        [f"{row['row']} ({row['unit']}{', MFU' if 'mfu_hitoban' in row else ''})",
+         f"{row['hitoban']:,.0f}" + (f", {row['mfu_hitoban']:.1%}" if "mfu_hitoban" in row else ""),
+         f"{row['llama']:,.0f}", f"{row['ratio']:.2f}x"] for row in rows])))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "peaks": peaks, "args": vars(args)}, f, indent=2)

@@ -19,6 +19,7 @@ import platform
 import time
 
 import numpy as np
+import provenance
 import torch
 
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
@@ -77,6 +78,11 @@ def main() -> None:
     for name, value in best.items():
         mark = "  <- --optimizer muon here (the default)" if name == default else ""
         print(f"  {name:<38} {value:>9,.0f} tok/s   {value / best['adamw']:.2f}x AdamW{mark}")
+    muon = [f"{'**' if name == default else ''}{best[name]:,.0f} ({best[name] / best['adamw']:.2f}x)"
+            f"{'**' if name == default else ''}" for name in list(ROWS)[1:]]
+    print("\nFor docs/benchmarks.md (bold: the default here):\n")
+    print("\n".join(provenance.table(["machine's plan", "AdamW tok/s", *list(ROWS)[1:]],
+                                     [[precision, f"{best['adamw']:,.0f}", *muon]])))
 
 
 if __name__ == "__main__":
