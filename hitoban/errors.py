@@ -8,6 +8,7 @@ Each class also derives from the built-in exception it replaces, so `except Valu
 
 from __future__ import annotations
 
+import unicodedata
 from enum import IntEnum
 
 
@@ -32,10 +33,20 @@ EXIT_MEANINGS = {  # what each code tells a script; the command reference (docs/
 }
 
 
+def one_line(text: str) -> str:
+    """`text` with its control characters (a newline in a device name, a tab in a path) written as escapes, so a
+    message that quotes what the user or the machine gave still prints as one line."""
+    return "".join(repr(c)[1:-1] if unicodedata.category(c) == "Cc" else c for c in text)
+
+
 class HitobanError(Exception):
-    """Base of every error the user can act on; `exit_code` is what `hitoban` exits with."""
+    """Base of every error the user can act on; `exit_code` is what `hitoban` exits with. Its message is one line
+    whatever it quotes: the one place that owns that, rather than each message escaping its own values."""
 
     exit_code: int = ExitCode.BAD_INPUT
+
+    def __str__(self) -> str:
+        return one_line(super().__str__())
 
 
 class UsageError(HitobanError, ValueError):
@@ -76,4 +87,4 @@ class NotMeasured(HitobanError, RuntimeError):
 
 
 __all__ = ["ExitCode", "HitobanError", "UsageError", "InputError", "MissingInputError", "OutputExistsError",
-           "ResourceError", "CheckpointError", "CheckFailed", "NotMeasured"]
+           "ResourceError", "CheckpointError", "CheckFailed", "NotMeasured", "one_line"]
