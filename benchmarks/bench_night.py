@@ -4,8 +4,8 @@ Same shards, same shape (`small`). The Trainer run is what a Trainer user on a C
 blocks, fp32, 3LM's lr 6e-4 / warmup / cosine-to-10% / clip / weight decay. Every run is timed from process start
 to saved model, and every model is scored with `hitoban eval bpc`'s bits/char on held-out text never trained on
 (literature and web), next to xz -9e and zstd -19 on the same text: a floor any model must beat.
-The first table is time to the same model: hitoban's defaults on the Trainer's token budget, on 2/3 and on 1/2 of
-it. The second gives hitoban's optimizers equal wall time (`--hours` = 2/3 of the Trainer's time): Muon + WSD (the
+The first table is time to the same model: hitoban's defaults on the Trainer's token budget, on 2/3, 1/2 and 1/3
+of it. The second gives hitoban's optimizers equal wall time (`--hours` = 2/3 of the Trainer's time): Muon + WSD (the
 default) against AdamW + cosine at 3LM's lr.
 
     python benchmarks/bench_night.py [--tokens 983040] [--corpus DIR] [--out bench-night]
@@ -134,6 +134,9 @@ def table(rows: list[dict], floors: dict | None = None) -> list[str]:
     return provenance.table(header, body)
 
 
+RUNS = ["same", "two-thirds", "half", "third", "hours-muon", "hours-adamw"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=983_040, help="the Trainer's token budget (240 x 16 x 256)")
@@ -143,9 +146,8 @@ def main() -> None:
                         help="train on the first N works (default: all but the 3 held out; the passes are printed)")
     parser.add_argument("--near-dup", type=float, default=0.85,
                         help="the corpus's near-duplicate threshold (0: off, where datasketch is not installed)")
-    parser.add_argument("--runs", nargs="+", choices=["same", "two-thirds", "half", "hours-muon", "hours-adamw"],
-                        default=["same", "two-thirds", "half", "hours-muon", "hours-adamw"],
-                        help="which hitoban runs beside the Trainer's (default: all five)")
+    parser.add_argument("--runs", nargs="+", choices=RUNS, default=RUNS,
+                        help="which hitoban runs beside the Trainer's (default: all six)")
     args = parser.parse_args()
     out = Path(args.out)
     shards, domains = prepare(pick_corpus(args.corpus)[0], out, args.near_dup, args.works)
@@ -164,6 +166,7 @@ def main() -> None:
     plan = [("hitoban (defaults), same tokens", ["--steps", str(steps)], "same"),
             ("hitoban (defaults), 2/3 of the tokens", ["--steps", str(two_thirds)], "two-thirds"),
             ("hitoban (defaults), 1/2 of the tokens", ["--steps", str(steps // 2)], "half"),
+            ("hitoban (defaults), 1/3 of the tokens", ["--steps", str(steps // 3)], "third"),
             ("hitoban defaults (Muon + WSD), 2/3 of the Trainer's time", ["--hours", str(hours)], "hours-muon"),
             ("hitoban AdamW + cosine lr 6e-4 (3LM), 2/3 of the Trainer's time",
              ["--hours", str(hours), "--optimizer", "adamw", "--schedule", "cosine", "--lr", "6e-4"], "hours-adamw")]

@@ -122,3 +122,35 @@ def read_safetensors_header(path: str | os.PathLike) -> dict[str, dict]:
         raise InputError(f"{path.name}: {size:,} bytes, its header describes {8 + length + max(ends, default=0):,}: "
                          "truncated or appended to")
     return entries
+
+
+# The files that make a saved tokenizer folder loadable with AutoTokenizer (copied into checkpoints, shards and
+# exports).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+
+
+def check_regular_files(folder: Path) -> None:
+    """Nothing in the folder that would block a reader or a copy (a FIFO, a device)."""
+    for entry in folder.iterdir():
+        if entry.exists() and not (entry.is_file() or entry.is_dir()):
+            raise InputError(f"{entry}: not a regular file (a FIFO or device?); remove it")
+
+
+def check_tokenizer_files(path: str | os.PathLike, chat_template: bool = False) -> Path:
+    """A tokenizer folder's files, read without transformers: tokenizer.json and tokenizer_config.json JSON objects
+    (the config required with `chat_template`: its special tokens, pad and end of turn, live there). Whether the
+    chat template parses is modeling/loading.py's check_tokenizer_folder, which needs transformers' parser."""
+    path = Path(path)
+    check_regular_files(path)
+    tokenizer_json = path / "tokenizer.json"
+    if not tokenizer_json.exists() and not tokenizer_json.is_symlink():
+        raise InputError(f"{path}: no tokenizer.json; measuring or chatting needs the model's own tokenizer next to "
+                         "the weights")
+    check_fields(read_json(tokenizer_json, f"{path}"), {"model": dict}, f"{path}: tokenizer.json")
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        if (path / name).exists() or (path / name).is_symlink():
+            read_json(path / name, f"{path}")
+        elif name == "tokenizer_config.json" and chat_template:
+            raise InputError(f"{path}: no tokenizer_config.json; chatting and fine-tuning need the tokenizer's special "
+                             "tokens: copy the tokenizer files back next to the weights")
+    return path

@@ -18,12 +18,12 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hitoban.errors import CheckFailed, OutputExistsError
+from hitoban.files import TOKENIZER_FILES
 from hitoban.modeling.loading import check_model_folder
 from hitoban.provenance import LLAMA_EXPORT_STAGE, read_lineage, weights_sha256, write_lineage
 
 from .configuration_hitoban import HitobanConfig
 from .llama_format import llama_cpp_chat_template, llama_state_dict, sentencepiece_model
-from .loading import TOKENIZER_FILES
 from .modeling_hitoban import HitobanForCausalLM
 
 

@@ -14,11 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
 from hitoban.errors import InputError
-from hitoban.files import check_fields, read_json, read_safetensors_header, read_text
-
-# The files that make a saved tokenizer folder loadable with AutoTokenizer (copied into checkpoints, shards and
-# exports).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+from hitoban.files import check_regular_files, check_tokenizer_files, read_json, read_safetensors_header, read_text
 
 
 def device_for(cpu: bool = False) -> torch.device:
@@ -75,30 +71,11 @@ def check_safetensors(path: Path) -> None:
     read_safetensors_header(path)
 
 
-def check_regular_files(folder: Path) -> None:
-    """Nothing in the folder that would block a reader or a copy (a FIFO, a device)."""
-    for entry in folder.iterdir():
-        if entry.exists() and not (entry.is_file() or entry.is_dir()):
-            raise InputError(f"{entry}: not a regular file (a FIFO or device?); remove it")
-
-
 def check_tokenizer_folder(path: str | Path, chat_template: bool = False) -> Path:
     """A tokenizer folder (or a model folder's tokenizer files) that AutoTokenizer can read: tokenizer.json and
     tokenizer_config.json JSON objects, a chat template that parses (required with `chat_template`: chatting and
     the loss mask need it)."""
-    path = Path(path)
-    check_regular_files(path)
-    tokenizer_json = path / "tokenizer.json"
-    if not tokenizer_json.exists() and not tokenizer_json.is_symlink():
-        raise InputError(f"{path}: no tokenizer.json; measuring or chatting needs the model's own tokenizer next to "
-                         "the weights")
-    check_fields(read_json(tokenizer_json, f"{path}"), {"model": dict}, f"{path}: tokenizer.json")
-    for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        if (path / name).exists() or (path / name).is_symlink():
-            read_json(path / name, f"{path}")
-        elif name == "tokenizer_config.json" and chat_template:  # its special tokens (pad, end of turn) live there
-            raise InputError(f"{path}: no tokenizer_config.json; chatting and fine-tuning need the tokenizer's special "
-                             "tokens: copy the tokenizer files back next to the weights")
+    path = check_tokenizer_files(path, chat_template=chat_template)
     template = path / "chat_template.jinja"
     if template.exists() or template.is_symlink() or chat_template:
         check_chat_template(read_text(template, f"{path}", hint="the chat template is damaged; copy it back"), path)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -60,9 +61,10 @@ def write_shards(folder: Path, vocab: int = 300, end_id: int = 3) -> None:
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> Path:
+def inputs(tmp_path_factory, tiny_shards) -> Path:
     """Small inputs for every verb: a holdout and a text that contains one of its lines, a folder with a (fake)
-    token, a heartbeat, shards, and a saved tiny model with a PII result for its weights."""
+    token, a heartbeat, shards, a corpus and its tokenizer, and a saved tiny model with a PII result for its
+    weights."""
     from hitoban import HitobanConfig, HitobanForCausalLM
     from hitoban.provenance import weights_sha256
 
@@ -78,6 +80,8 @@ def inputs(tmp_path_factory) -> Path:
          "best_val": 3.4, "lr": 1e-3, "tok_per_sec": 12000, "elapsed_hours": 0.1, "resumes": 0, "eta_hours": 0.1,
          "updated_at": time.time(), "finished": False}))
     write_shards(root / "shards")
+    for made in ("corpus", "tok"):  # what tiny_shards was built from
+        shutil.copytree(tiny_shards.parent / made, root / made)
     HitobanForCausalLM(HitobanConfig.from_preset("tiny", vocab_size=300)).save_pretrained(root / "model")
     (root / "model" / "pii.json").write_text(json.dumps(
         {"kind": "pii-probe", "tried": 60, "exact": 0, "partial": 0, "weights_sha256": weights_sha256(root / "model")}))
@@ -90,6 +94,9 @@ VERBS = {
     "secrets": (["secrets", "project"], 1, "hf-token"),
     "watch": (["watch", "run", "--once"], 0, "step 50/100"),
     "shards --verify": (["shards", "--verify", "shards"], 0, "shards OK: 2 files"),
+    # encoding a corpus needs tokenizers, not transformers (whose import loads torch: ~4 s of start-up)
+    "shards": (["shards", "--corpus", "corpus", "--tokenizer", "tok", "--out", "built", "--context", "64"], 0,
+               "verified) in"),
     "card": (["card", "model", "--repo", "someone/tiny"], 0, "model card -> model/README.md"),
     # a folder saved without hitoban's lineage: the gates run (hashing every file, no torch) and refuse it
     "upload --dry-run": (["upload", "model", "--repo", "someone/tiny", "--dry-run"], 1, "REFUSED: no lineage.json"),

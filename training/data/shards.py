@@ -14,8 +14,8 @@ deterministic rule (every k-th document of each source, capped in tokens); a tra
 val/test document is dropped, so the splits are disjoint by content, not just by position. Train documents are
 shuffled by seed before cutting, through a memory-mapped scratch file: memory stays bounded by one encode batch
 plus one offset per document.
-Lazy imports: the tokenizer and model loading (transformers, torch) load only when shards are built, so `hitoban
-shards --verify` starts in well under a second."""
+Shards encode through tokenizers' own `Tokenizer` (load_encoder), never transformers: importing transformers loads
+torch, which cost `hitoban shards` about 4 s of start-up to encode text; `--verify` needs no tokenizer at all."""
 
 from __future__ import annotations
 
@@ -30,10 +30,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
 from hitoban.errors import InputError, OutputExistsError
-from hitoban.files import check_fields, read_json
+from hitoban.files import TOKENIZER_FILES, check_fields, check_tokenizer_files, read_json
 from hitoban.provenance import sha256_file
 from hitoban.training.data.corpus import iter_corpus, load_manifest
 from hitoban.training.data.markers import SPECIAL_TOKENS
@@ -41,7 +42,7 @@ from hitoban.training.data.options import CONTEXT, DTYPES, MAX_HELDOUT_DOCS, SEE
 from hitoban.training.data.workers import encoding_threads
 
 FORMAT = "hitoban-shards/1 (zxell layout)"
-# kept beside the loader's TOKENIZER_FILES; building imports those (and transformers), --verify needs neither
+# copied beside TOKENIZER_FILES into shards/tokenizer/
 SHARD_TOKENIZER_EXTRA_FILES = ("tokenizer_meta.json", "sentencepiece.model")
 
 
@@ -135,17 +136,33 @@ class _TrainScratch:
     markers_removed: int = 0
 
 
+def load_encoder(folder: Path) -> Tokenizer:
+    """The tokenizer as shards encode with it: tokenizers' `Tokenizer` from the folder's tokenizer.json, the backend
+    AutoTokenizer wraps (its ids are the same: tests/training/data/test_shards.py), with the hitoban markers checked
+    as single tokens. The chat template is not parsed here (copied only): chatting and fine-tuning check it."""
+    check_tokenizer_files(folder)
+    try:
+        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    except Exception as err:  # noqa: BLE001 - tokenizers raises a bare Exception for a file it cannot read
+        raise InputError(f"{folder}/tokenizer.json: tokenizers cannot read it ({str(err)[:200]}); train the tokenizer "
+                         "again with `hitoban tokenizer`") from None
+    for marker in SPECIAL_TOKENS:
+        if tok.token_to_id(marker) is None:
+            raise InputError(f"{folder}: tokenizer has no single token for {marker}; it is not a hitoban tokenizer")
+    return tok
+
+
 def _split_documents(corpus: Path, tok, heldout: dict, writers: dict, domains: list[str], np_dtype, scratch_path: Path,
                      batch_docs: int, bar) -> _TrainScratch:
     """Pass 1: tokenize every document (markers inside the text removed, one <|end|> appended) and send it to its
     held-out writer or to the train scratch file."""
-    end_id = tok.convert_tokens_to_ids("<|end|>")
-    special_ids = np.array([tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS])
+    end_id = tok.token_to_id("<|end|>")
+    special_ids = np.array([tok.token_to_id(t) for t in SPECIAL_TOKENS])
     scratch = _TrainScratch(scratch_path)
     records, index = iter_corpus(corpus), 0
     with open(scratch_path, "wb") as out:
         while batch := [r for _, r in zip(range(batch_docs), records)]:
-            encodings = tok.backend_tokenizer.encode_batch([r["text"] for r in batch], add_special_tokens=False)
+            encodings = tok.encode_batch([r["text"] for r in batch], add_special_tokens=False)
             for record, encoding in zip(batch, encodings):
                 ids = np.asarray(encoding.ids, dtype=np.int64)
                 inside = np.isin(ids, special_ids)
@@ -208,18 +225,15 @@ def build_shards(
     `workers`: the encoder's threads (default: every core); the shards are the same for any number."""
     if workers:
         encoding_threads(workers)
-    from hitoban.modeling.loading import TOKENIZER_FILES
-    from hitoban.training.data.tokenizer import load_tokenizer
-
     started = time.time()
     corpus, tokenizer, out = Path(corpus), Path(tokenizer), Path(out)
     if out.exists():
         raise OutputExistsError(f"{out} already exists; remove it or choose another --out")
     manifest = load_manifest(corpus)
-    tok = load_tokenizer(tokenizer)
-    vocab = len(tok)
+    tok = load_encoder(tokenizer)
+    vocab = tok.get_vocab_size(with_added_tokens=True)
     np_dtype = dtype_for_vocab(vocab, dtype)
-    end_id = tok.convert_tokens_to_ids("<|end|>")
+    end_id = tok.token_to_id("<|end|>")
     domains = [s["name"] for s in manifest["sources"]]
     if len(domains) > 255:
         raise ShardError("more than 255 domains do not fit in the one-byte .domains.u8 files")

@@ -27,7 +27,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from hitoban.errors import CheckpointError, HitobanError  # noqa: F401 - CheckpointError: importable from here
-from hitoban.modeling.loading import TOKENIZER_FILES
+from hitoban.files import TOKENIZER_FILES
 from hitoban.provenance import replacing, write_lineage
 from hitoban.training import faults
 from hitoban.training.optim import load_optimizer_tensors, optimizer_tensors  # noqa: F401 - a slot's optimizer.safetensors

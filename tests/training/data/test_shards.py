@@ -11,6 +11,8 @@ import sys
 import numpy as np
 import pytest
 from data_helpers import japanese_doc
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hitoban.cli import main
 from hitoban.training.data.corpus import build_corpus, iter_corpus, local_source
@@ -162,3 +164,46 @@ def test_shards_sample_proportionally_to_their_tokens(pipeline):
                             for s in range(200)])
     observed = np.bincount(picks, minlength=len(expected)) / len(picks)
     assert np.abs(observed - expected).max() < 0.05
+
+
+PIECES = st.one_of(st.characters(min_codepoint=0x3040, max_codepoint=0x30FF),
+                   st.characters(min_codepoint=0x4E00, max_codepoint=0x4FFF),
+                   st.sampled_from(["<|end|>", "<|user|>", " ", "\n", "\t", "。", "、"]), st.characters())
+JAPANESE_AND_MORE = st.lists(PIECES, max_size=40).map("".join)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(JAPANESE_AND_MORE, min_size=1, max_size=6))
+def test_shards_encode_with_the_ids_autotokenizer_gives(pipeline, texts):
+    """Shards encode through tokenizers' Tokenizer (no transformers, so no torch at start-up); the model reads them
+    with AutoTokenizer. Same ids for any text (markers, odd whitespace, any character), same vocabulary and markers."""
+    from transformers import AutoTokenizer
+
+    from hitoban.training.data.markers import SPECIAL_TOKENS
+    from hitoban.training.data.shards import load_encoder
+
+    root, _ = pipeline
+    encoder, auto = load_encoder(root / "tok"), AutoTokenizer.from_pretrained(str(root / "tok"))
+    assert encoder.get_vocab_size(with_added_tokens=True) == len(auto)
+    assert [encoder.token_to_id(t) for t in SPECIAL_TOKENS] == auto.convert_tokens_to_ids(list(SPECIAL_TOKENS))
+    ours = [e.ids for e in encoder.encode_batch(texts, add_special_tokens=False)]
+    assert ours == auto(texts, add_special_tokens=False)["input_ids"]
+
+
+def test_a_tokenizer_without_the_markers_is_refused_before_encoding(pipeline, tmp_path):
+    """The markers check load_tokenizer made, kept by the light loader: a tokenizer.json without <|end|> is no
+    hitoban tokenizer (every document boundary would be wrong)."""
+    from hitoban.errors import InputError
+    from hitoban.training.data.shards import load_encoder
+
+    root, _ = pipeline
+    shutil.copytree(root / "tok", tmp_path / "tok")
+    data = json.loads((tmp_path / "tok" / "tokenizer.json").read_text(encoding="utf-8"))
+    data["added_tokens"] = [t for t in data["added_tokens"] if t["content"] != "<|end|>"]
+    data["model"]["vocab"] = [v for v in data["model"]["vocab"] if v[0] != "<|end|>"] \
+        if isinstance(data["model"]["vocab"], list) else {k: v for k, v in data["model"]["vocab"].items()
+                                                          if k != "<|end|>"}
+    (tmp_path / "tok" / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    with pytest.raises(InputError, match="no single token for <\\|end\\|>"):
+        load_encoder(tmp_path / "tok")
+    load_encoder(root / "tok")  # control: the untouched folder loads
