@@ -11,9 +11,9 @@ transformers by itself:
     the first `import transformers` of the process (a one-shot import hook; `from transformers import
     AutoModelForCausalLM` is how the Auto classes are reached, so they are registered before any use of them).
 So the `hitoban` command (`hitoban.cli`, also `python -m hitoban`) starts its light verbs (`--help`, `leaks`,
-`secrets`, `watch`, `shards --verify`, `card`, `upload --dry-run`) in well under a second without torch or
-transformers (tests/hitoban/test_startup.py), while a verb that imports transformers gets the model registered as a
-library user does.
+`secrets`, `watch`, `shards` (building or `--verify`), `card`, `upload --dry-run`) in well under a second without
+torch or transformers (tests/hitoban/test_startup.py), while a verb that imports transformers gets the model
+registered as a library user does.
 """
 
 import importlib

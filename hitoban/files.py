@@ -1,7 +1,8 @@
 """One reader for every text file a verb is given: a corpus file, a bits/char domain, chat data, holdouts,
-questions. A missing file names its path (and the verb that makes it, where one does); an undecodable byte names
-the file, its byte offset and the `--encoding` / `--errors` choices, instead of a UnicodeDecodeError traceback.
-Standard library only: `hitoban leaks` reads through it without torch."""
+questions, a tokenizer folder's files. A missing file names its path (and the verb that makes it, where one does);
+an undecodable byte names the file, its byte offset and the `--encoding` / `--errors` choices, instead of a
+UnicodeDecodeError traceback. Standard library only: `hitoban leaks` and `hitoban shards` read through it without
+torch."""
 
 from __future__ import annotations
 
