@@ -37,7 +37,7 @@ from hitoban.errors import InputError, OutputExistsError
 from hitoban.files import TOKENIZER_FILES, check_fields, check_tokenizer_files, read_json
 from hitoban.provenance import sha256_file
 from hitoban.training.data.corpus import iter_corpus, load_manifest
-from hitoban.training.data.markers import SPECIAL_TOKENS
+from hitoban.training.data.markers import SPECIAL_TOKENS, require_markers
 from hitoban.training.data.options import CONTEXT, DTYPES, MAX_HELDOUT_DOCS, SEED, SHARD_TOKENS, VAL_EVERY
 from hitoban.training.data.workers import encoding_threads
 
@@ -146,9 +146,7 @@ def load_encoder(folder: Path) -> Tokenizer:
     except Exception as err:  # noqa: BLE001 - tokenizers raises a bare Exception for a file it cannot read
         raise InputError(f"{folder}/tokenizer.json: tokenizers cannot read it ({str(err)[:200]}); train the tokenizer "
                          "again with `hitoban tokenizer`") from None
-    for marker in SPECIAL_TOKENS:
-        if tok.token_to_id(marker) is None:
-            raise InputError(f"{folder}: tokenizer has no single token for {marker}; it is not a hitoban tokenizer")
+    require_markers(folder, tok.token_to_id)
     return tok
 
 

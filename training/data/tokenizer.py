@@ -28,7 +28,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from hitoban.errors import InputError, OutputExistsError
 from hitoban.modeling.loading import check_tokenizer_folder
 from hitoban.training.data.corpus import iter_corpus, load_manifest
-from hitoban.training.data.markers import ASSISTANT, END, MARKERS, SPECIAL_TOKENS, UNK, USER  # noqa: F401  (re-exported)
+from hitoban.training.data.markers import ASSISTANT, END, MARKERS, SPECIAL_TOKENS, UNK, USER, require_markers  # noqa: F401  (re-exported)
 from hitoban.training.data.options import CONTEXT, MIN_VOCAB, SAMPLE_CHARS, SEED, VOCAB_SIZE
 from hitoban.training.data.workers import encoding_threads
 
@@ -246,10 +246,12 @@ def train_tokenizer_from_texts(
 def load_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerFast:
     """Load a hitoban tokenizer folder (any `AutoTokenizer` folder works) and check the markers are single tokens."""
     tok = AutoTokenizer.from_pretrained(str(check_tokenizer_folder(path)))
-    for marker in SPECIAL_TOKENS:
-        ids = tok.convert_tokens_to_ids(marker)
-        if ids is None or ids == tok.unk_token_id and marker != UNK:
-            raise InputError(f"{path}: tokenizer has no single token for {marker}; it is not a hitoban tokenizer")
+
+    def single_token(marker: str) -> int | None:  # AutoTokenizer answers a missing token with the unk id
+        found = tok.convert_tokens_to_ids(marker)
+        return None if found == tok.unk_token_id and marker != UNK else found
+
+    require_markers(path, single_token)
     return tok
 
 
