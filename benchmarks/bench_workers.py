@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import shutil
 import subprocess
 import sys
@@ -28,6 +27,8 @@ from pathlib import Path
 
 import provenance
 from corpora import pick_corpus
+
+from hitoban.training.data.corpus import load_manifest
 
 CLI = [sys.executable, "-m", "hitoban.cli"]
 
@@ -81,19 +82,18 @@ def first_half(literature: Path, out: Path) -> Path:
     return half
 
 
-def characters(corpus: Path) -> int:
-    return json.loads((corpus / "manifest.json").read_text())["characters"]["kept"]
-
-
 def row(name: str, sizes: dict[str, dict], chars: dict[str, int], workers: int) -> list[str]:
     """End-to-end times on all the works, and the speed-up of the rate between the two sizes (after start-up)."""
     whole, half = sizes["all"], sizes["half"]
-    rate = {n: (chars["all"] - chars["half"]) / max(whole[n]["seconds"] - half[n]["seconds"], 1e-9) for n in whole}
+    added = {n: whole[n]["seconds"] - half[n]["seconds"] for n in whole}
+    if min(added.values()) > 0:
+        rate = {n: (chars["all"] - chars["half"]) / added[n] for n in whole}
+        after_start = f"{rate[1] / 1e6:.2f}M / {rate[workers] / 1e6:.2f}M chars/s: {rate[workers] / rate[1]:.2f}x"
+    else:  # the whole took no longer than the half: start-up and noise, no rate was measured
+        after_start = "not measured (all the works took no longer than half: give a larger --corpus)"
     same = all(s[1]["sha256"] == s[workers]["sha256"] for s in sizes.values())
     return [name, f"{whole[1]['seconds']:.2f} s", f"{whole[workers]['seconds']:.2f} s",
-            f"{whole[1]['seconds'] / whole[workers]['seconds']:.2f}x",
-            f"{rate[1] / 1e6:.2f}M / {rate[workers] / 1e6:.2f}M chars/s: {rate[workers] / rate[1]:.2f}x",
-            "yes" if same else "NO"]
+            f"{whole[1]['seconds'] / whole[workers]['seconds']:.2f}x", after_start, "yes" if same else "NO"]
 
 
 def main() -> None:
@@ -109,15 +109,15 @@ def main() -> None:
     corpus = {size: best_of(args.rounds, n, lambda folder, w, src=src: corpus_step(src, folder, w),
                             out / "corpus" / size, "documents.jsonl") for size, src in inputs.items()}
     built = {size: out / "corpus" / size / f"w{n}" for size in inputs}
-    chars = {size: characters(folder) for size, folder in built.items()}
+    accounts = {size: load_manifest(folder)["characters"] for size, folder in built.items()}  # where each went
+    chars = {size: account["kept"] for size, account in accounts.items()}
     if not (out / "tok").exists():
         timed(CLI + ["tokenizer", "--corpus", str(built["all"]), "--out", str(out / "tok"), "--vocab-size", "8000"])
     shards = {size: best_of(args.rounds, n, lambda folder, w, c=c: shards_step(c, out / "tok", folder, w),
                             out / "shards" / size, "*.bin") for size, c in built.items()}
     shutil.rmtree(out / "truncated", ignore_errors=True)
     timed(corpus_step(literature, out / "truncated", n, "truncate"))
-    kept = {rule: json.loads((folder / "manifest.json").read_text())["characters"] for rule, folder in
-            [("split", built["all"]), ("truncate", out / "truncated")]}
+    kept = {"split": accounts["all"], "truncate": load_manifest(out / "truncated")["characters"]}
     header = ["step", "1 worker", f"{n} workers", "speed-up, end to end", "after start-up (1 / N workers)",
               "output identical"]
     body = [row(f"corpus, {len(list(literature.glob('*.txt')))} works ({chars['all'] / 1e6:.2f}M characters kept)",
