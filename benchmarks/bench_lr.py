@@ -1,16 +1,20 @@
-"""The learning-rate rule, fitted and checked: sweeps of `--lr` at several widths in the night's regime.
+"""The learning-rate rules, fitted and checked: sweeps of one parameter group's lr at several widths in the night's
+regime. `--group muon` sweeps `--lr` (Muon's hidden matrices; AdamW's group at its own rule), `--group adamw` sweeps
+`--adamw-lr` (the tied embedding and the norms; Muon at its rule).
 
 Each width is the `small` preset's shape (depth 4, head 64, SwiGLU 8/3) at another hidden size, trained with hitoban's
-defaults (Muon + AdamW, WSD, one shared --lr: Muon's update is scaled to AdamW's RMS) for the same steps of 16 x 256
+defaults (Muon + AdamW, WSD; Muon's update is scaled to AdamW's RMS, so both groups' rates read alike) for the same
+steps of 16 x 256
 tokens, reading its training text less than once (the passes are printed), and scored by bits/char on held-out
 literature and web never trained on (their mean decides). The measured optimum at each width is the vertex of a
-parabola through the best grid point and its neighbours in log2(lr); the rule `lr = LR_AT_256 * (256 / width) **
-LR_WIDTH_EXPONENT` (training/optimizer.py) is fitted to those optima so that the largest factor between rule and
+parabola through the best grid point and its neighbours in log2(lr); the group's rule `lr = at_256 * (256 / width)
+** exponent` (training/optimizer.py) is fitted to those optima so that the largest factor between rule and
 optimum is smallest (the target's own terms: within 1.5x at every width), and `--check 3lm` trains the `3lm` shape
 (width 512, depth 6; this benchmark's vocabulary 8000 and context 256) at that fit's lr and at half and twice it.
 `--from` refits and reports a saved sweep without training.
 
-    python benchmarks/bench_lr.py [--widths 128 256 384] [--steps 200] [--check 3lm] [--out bench-lr]
+    python benchmarks/bench_lr.py [--group muon] [--widths 128 256 384] [--steps 200] [--check 3lm] [--out bench-lr]
+    python benchmarks/bench_lr.py --group adamw --widths 64 128 256 --grid 0.25 0.5 1 2 4 --out bench-lr-adamw
     python benchmarks/bench_lr.py --from benchmarks/results/lr-sweep-2026-12-05/bench_lr.json --out /tmp/lr-fit
 
 Every run is a subprocess of `hitoban pretrain` with the preset's width replaced in that process only. The corpus is
@@ -31,7 +35,14 @@ from bench_night import bits_per_char, prepare, run
 from corpora import pick_corpus
 
 from hitoban.training.data.shards import load_index
-from hitoban.training.optimizer import LR_AT_256, LR_WIDTH_EXPONENT, lr_for_width
+from hitoban.training.optimizer import (
+    ADAMW_GROUP_LR_AT_256,
+    ADAMW_GROUP_LR_WIDTH_EXPONENT,
+    LR_AT_256,
+    LR_WIDTH_EXPONENT,
+    adamw_group_lr_for_width,
+    lr_for_width,
+)
 
 WITH_SHAPE = r'''
 import json, sys
@@ -41,22 +52,41 @@ from hitoban.cli import main
 sys.exit(main(sys.argv[3:]))
 '''
 BATCH, CONTEXT = 16, 256
+DEFAULT_SEED = 1234  # `hitoban pretrain --seed`'s default
+RULES = {"muon": (LR_AT_256, LR_WIDTH_EXPONENT, lr_for_width, "LR_AT_256, LR_WIDTH_EXPONENT"),
+         "adamw": (ADAMW_GROUP_LR_AT_256, ADAMW_GROUP_LR_WIDTH_EXPONENT, adamw_group_lr_for_width,
+                   "ADAMW_GROUP_LR_AT_256, ADAMW_GROUP_LR_WIDTH_EXPONENT")}  # each group's product rule
 
 
 def shape(width: int, depth: int = 4) -> dict:
     return {"hidden_size": width, "num_hidden_layers": depth, "num_attention_heads": max(1, width // 64)}
 
 
-def train(shards: Path, folder: Path, preset: str, overrides: dict, lr: float, steps: int) -> float:
-    """Seconds for one `hitoban pretrain` at this shape and lr (skipped where its final/ is already there)."""
+def train(shards: Path, folder: Path, preset: str, overrides: dict, rates: dict[str, float | int], steps: int
+          ) -> float:
+    """Seconds for one `hitoban pretrain` at this shape and these settings ({"--lr": ..., "--adamw-lr": ...,
+    "--seed": ...}; skipped where its final/ is already there)."""
     if (folder / "final" / "model.safetensors").exists():
         return json.loads((folder / "seconds.json").read_text())
     argv = ["pretrain", "--data", str(shards), "--preset", preset, "--batch-size", str(BATCH), "--context",
-            str(CONTEXT), "--steps", str(steps), "--lr", f"{lr:g}", "--eval-every", "1000000", "--eval-batches", "2",
-            "--resume", "never", "--no-progress", "--out", str(folder)]
+            str(CONTEXT), "--steps", str(steps), *(x for flag, value in rates.items() for x in (flag, f"{value:g}")),
+            "--eval-every", "1000000", "--eval-batches", "2", "--resume", "never", "--no-progress",
+            "--out", str(folder)]
     seconds = run([sys.executable, "-c", WITH_SHAPE, preset, json.dumps(overrides)] + argv)
     (folder / "seconds.json").write_text(json.dumps(seconds))
     return seconds
+
+
+def scored(folder: Path, domains: dict, out: Path) -> dict[str, float]:
+    """Held-out bits/char per domain of the run in `folder`, kept beside it (a rerun that adds seeds or a check
+    scores only its new runs)."""
+    saved = folder / "bits_per_char.json"
+    if saved.exists():
+        return json.loads(saved.read_text())
+    bpc = bits_per_char({"run": folder / "final"}, domains, out)
+    result = {d: bpc[("run", d)] for d in domains}
+    saved.write_text(json.dumps(result))
+    return result
 
 
 def vertex(lrs: list[float], scores: list[float]) -> tuple[float, bool]:
@@ -71,18 +101,28 @@ def vertex(lrs: list[float], scores: list[float]) -> tuple[float, bool]:
 
 
 def sweep(shards: Path, domains: dict, out: Path, label: str, preset: str, overrides: dict, lrs: list[float],
-          steps: int, widen: bool) -> dict:
-    """Train at every lr (and one more beyond an edge that wins, when `widen`), score, find the optimum."""
+          steps: int, widen: bool, group: str = "muon", seeds: tuple[int, ...] = (1234,)) -> dict:
+    """Train at every lr of `group` at every seed (and one more lr beyond an edge that wins, when `widen`), score
+    (the seeds' mean), find the optimum. Sweeping AdamW's group, Muon runs at its rule's lr for the width (what the
+    product would give it)."""
     lrs = sorted(float(f"{lr:.3g}") for lr in lrs)
+    width = overrides["hidden_size"]
     scores: dict[float, dict] = {}
     while True:
         for lr in lrs:
             if lr not in scores:
-                folder = out / "runs" / f"{label}-lr{lr:g}"
-                seconds = train(shards, folder, preset, overrides, lr, steps)
-                bpc = bits_per_char({"run": folder / "final"}, domains, out)
-                scores[lr] = {"seconds": round(seconds, 1), **{d: round(bpc[("run", d)], 4) for d in domains}}
-                scores[lr]["mean"] = round(sum(scores[lr][d] for d in domains) / len(domains), 4)
+                rates = {"--lr": lr} if group == "muon" else {"--lr": lr_for_width(width), "--adamw-lr": lr}
+                runs = []
+                for seed in seeds:  # pretrain's default seed keeps the folder name of sweeps made before --seeds
+                    folder = out / "runs" / (f"{label}-lr{lr:g}" + ("" if seed == DEFAULT_SEED else f"-s{seed}"))
+                    seconds = train(shards, folder, preset, overrides, {**rates, "--seed": seed}, steps)
+                    runs.append({"seconds": seconds, **scored(folder, domains, out)})
+                scores[lr] = {key: round(float(np.mean([r[key] for r in runs])), 4 if key in domains else 1)
+                              for key in ("seconds", *domains)}
+                per_seed = [sum(r[d] for d in domains) / len(domains) for r in runs]
+                scores[lr]["mean"] = round(float(np.mean(per_seed)), 4)
+                if len(seeds) > 1:
+                    scores[lr]["seeds"] = {str(seed): round(m, 4) for seed, m in zip(seeds, per_seed)}
                 print(f"{label} lr {lr:g}: {scores[lr]}", flush=True)
         means = [scores[lr]["mean"] for lr in lrs]
         best = int(np.argmin(means))
@@ -90,8 +130,8 @@ def sweep(shards: Path, domains: dict, out: Path, label: str, preset: str, overr
             break
         lrs = [float(f"{lrs[0] / 2:.3g}")] + lrs if best == 0 else lrs + [float(f"{lrs[-1] * 2:.3g}")]
     optimum, inside = vertex(lrs, [scores[lr]["mean"] for lr in lrs])
-    return {"label": label, "overrides": overrides, "steps": steps, "grid": {f"{lr:g}": scores[lr] for lr in lrs},
-            "optimum": optimum, "inside_grid": inside}
+    return {"label": label, "overrides": overrides, "steps": steps, "group": group,
+            "grid": {f"{lr:g}": scores[lr] for lr in lrs}, "optimum": optimum, "inside_grid": inside}
 
 
 def fit(rows: list[dict]) -> tuple[float, float]:
@@ -108,11 +148,12 @@ def fit(rows: list[dict]) -> tuple[float, float]:
     return float(math.exp(centre)), float(exponents[best])
 
 
-def report(rows: list[dict], train_tokens: int, a: float, k: float) -> list[str]:
+def report(rows: list[dict], train_tokens: int, a: float, k: float, group: str = "muon") -> list[str]:
     """The results page's table: each shape's grid, its optimum, the fit's and the product rule's lr against it."""
-    lines = [f"Training text: {train_tokens:,} tokens. Fitted on the swept widths' optima (minimax in log-log): "
-             f"{a:.3g} x (256 / width) ^ {k:.2f}; the product's rule (training/optimizer.py): {LR_AT_256:g} x "
-             f"(256 / width) ^ {LR_WIDTH_EXPONENT:g}.", ""]
+    at_256, exponent, rule, names = RULES[group]
+    lines = [f"Group swept: {group}. Training text: {train_tokens:,} tokens. Fitted on the swept widths' optima "
+             f"(minimax in log-log): {a:.3g} x (256 / width) ^ {k:.2f}; the product's rule (training/optimizer.py, "
+             f"{names}): {at_256:g} x (256 / width) ^ {exponent:g}.", ""]
     body = []
     for row in rows:
         width = row["overrides"]["hidden_size"]
@@ -120,23 +161,30 @@ def report(rows: list[dict], train_tokens: int, a: float, k: float) -> list[str]
                           row["grid"].items())
         edge = "" if row["inside_grid"] else " (grid edge)"
         passes = row["steps"] * BATCH * CONTEXT / train_tokens
-        fitted, product = a * (256 / width) ** k, lr_for_width(width)
-        body.append([f"{row['label']} (width {width})", row["steps"], f"{passes:.3f}", tried,
+        fitted, product = a * (256 / width) ** k, rule(width)
+        seeds = len(next(iter(row["grid"].values())).get("seeds", {0: 0}))
+        body.append([f"{row['label']} (width {width})", row["steps"], f"{passes:.3f}", seeds, tried,
                      f"{row['optimum']:.3g}{edge}", f"{fitted:.3g} ({fitted / row['optimum']:.2f}x)",
                      f"{product:.3g} ({product / row['optimum']:.2f}x)"])
-    return lines + provenance.table(["shape", "steps", "passes", "lr tried: mean held-out bits/char (literature, web)",
-                                     "measured optimum", "fit's lr (/ optimum)", "product's lr (/ optimum)"], body)
+    return lines + provenance.table(["shape", "steps", "passes", "seeds",
+                                     "lr tried: mean held-out bits/char (literature, web)", "measured optimum",
+                                     "fit's lr (/ optimum)", "product's lr (/ optimum)"], body)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--group", choices=sorted(RULES), default="muon", help="the parameter group whose lr is "
+                        "swept: muon (--lr) or adamw (--adamw-lr); the other runs at its product rule")
     parser.add_argument("--widths", type=int, nargs="+", default=[128, 256, 384], help="hidden sizes swept (depth 4)")
     parser.add_argument("--steps", type=int, default=200, help="steps of 16 x 256 tokens per run")
     parser.add_argument("--grid", type=float, nargs="+", default=[0.5, 1, 2],
                         help="multiples of the centre lr tried at each width (widened by 2x past an edge that wins)")
-    parser.add_argument("--centre", type=float, nargs=2, default=[LR_AT_256, LR_WIDTH_EXPONENT],
-                        metavar=("LR_AT_256", "EXPONENT"), help="the grid's centre at each width: LR_AT_256 x (256 / "
-                        "width) ^ EXPONENT (default: the rule's own, training/optimizer.py)")
+    parser.add_argument("--centre", type=float, nargs=2, metavar=("AT_256", "EXPONENT"), help="the grid's centre "
+                        "at each width: AT_256 x (256 / width) ^ EXPONENT (default: the group's product rule, "
+                        "training/optimizer.py)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1234], help="train every grid point at each of "
+                        "these seeds (init and batches); a point's score is their mean")
+    parser.add_argument("--check-seeds", type=int, nargs="+", help="the 3lm check's seeds (default: --seeds)")
     parser.add_argument("--check", choices=["3lm", "none"], default="3lm", help="also train the 3lm shape at the "
                         "fitted lr, half and twice it")
     parser.add_argument("--check-steps", type=int, default=200)
@@ -148,14 +196,15 @@ def main() -> None:
     out = Path(args.out)
     if args.saved:
         saved = json.loads(Path(args.saved).read_text())
-        train_tokens, rows = saved["train_tokens"], saved["rows"]
+        train_tokens, rows, group = saved["train_tokens"], saved["rows"], saved.get("group", "muon")
     else:
         train_tokens, rows = run_sweeps(args, out)
+        group = args.group
     a, k = fit([row for row in rows if row["label"] != "3lm"])
-    lines = report(rows, train_tokens, a, k)
+    lines = report(rows, train_tokens, a, k, group)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_lr.json").write_text(json.dumps({"train_tokens": train_tokens, "fit": [a, k], "rows": rows},
-                                                  indent=2))
+    (out / "bench_lr.json").write_text(json.dumps({"train_tokens": train_tokens, "group": group, "fit": [a, k],
+                                                   "rows": rows}, indent=2))
     (out / "bench_lr.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -163,18 +212,21 @@ def main() -> None:
 def run_sweeps(args: argparse.Namespace, out: Path) -> tuple[int, list[dict]]:
     """Train the grid at every width, then (`--check 3lm`) the 3lm shape around the fit's lr for it."""
 
+    at_256, exponent = args.centre or RULES[args.group][:2]
+
     def centre(width: int) -> float:
-        return float(f"{args.centre[0] * (256 / width) ** args.centre[1]:.2g}")
+        return float(f"{at_256 * (256 / width) ** exponent:.2g}")
 
     shards, domains = prepare(pick_corpus(args.corpus)[0], out / "data")
     train_tokens = load_index(shards)["splits"]["train"]["tokens"]
     rows = [sweep(shards, domains, out, f"w{width}", "small", shape(width), [centre(width) * g for g in args.grid],
-                  args.steps, widen=True) for width in args.widths]
+                  args.steps, widen=True, group=args.group, seeds=tuple(args.seeds)) for width in args.widths]
     if args.check == "3lm":
         a, k = fit(rows)
         predicted = float(f"{a * (256 / 512) ** k:.2g}")  # this sweep's fit, before the 3lm shape is seen
         rows.append(sweep(shards, domains, out, "3lm", "3lm", {"hidden_size": 512},
-                          [predicted * g for g in (0.5, 1, 2)], args.check_steps, widen=False))
+                          [predicted * g for g in (0.5, 1, 2)], args.check_steps, widen=False, group=args.group,
+                          seeds=tuple(args.check_seeds or args.seeds)))
     return train_tokens, rows
 
 

@@ -15,7 +15,7 @@ import torch
 from hitoban.modeling import HitobanForCausalLM
 from hitoban.training.data.reader import ShardReader
 from hitoban.training.nll import token_nats
-from hitoban.training.optim import place_step_counters
+from hitoban.training.optim import place_step_counters, set_lr
 from hitoban.training.step import train_step
 
 
@@ -47,8 +47,7 @@ def update(model, optimizer, accelerator, rows: np.ndarray, lr: float, dropout_s
     """One update at `lr` with dropout drawn from `dropout_seed` (both functions of the step, so a resumed or
     re-issued step is the same step; None: a model without dropout, the tiny helper's, leaves torch's generator
     alone); (loss, gradient norm) stay on the device."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+    set_lr(optimizer, lr)
     model.train()
     if dropout_seed is not None:
         torch.manual_seed(dropout_seed)

@@ -172,16 +172,32 @@ class Muon(torch.optim.Muon):
 
 
 def build_optimizer(model: torch.nn.Module, name: str = "adamw", lr: float = 6e-4, weight_decay: float = 0.1,
-                    bias_correction: bool = True, muon_dtype: str = "bfloat16") -> torch.optim.Optimizer:
-    """AdamW on everything, or Muon on the hidden matrices (its update scaled to AdamW's RMS, so one learning rate
-    and schedule serve both; Newton-Schulz in `muon_dtype`) with AdamW on embeddings and norms."""
+                    bias_correction: bool = True, muon_dtype: str = "bfloat16", adamw_ratio: float = 1.0
+                    ) -> torch.optim.Optimizer:
+    """AdamW on everything, or Muon on the hidden matrices (its update scaled to AdamW's RMS, so one schedule serves
+    both; Newton-Schulz in `muon_dtype`) with AdamW on embeddings and norms at `adamw_ratio` of Muon's lr: the
+    group's `lr_scale`, which every setter of the schedule's lr applies (`set_lr`)."""
     if name == "adamw":
         return AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, bias_correction=bias_correction)
     hidden = [p for n, p in model.named_parameters() if is_hidden_matrix(n, p)]
     rest = [p for n, p in model.named_parameters() if not is_hidden_matrix(n, p)]
     muon = Muon(hidden, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw",
                 ns_dtype=getattr(torch, muon_dtype))
-    return Hybrid([muon, AdamW(rest, lr=lr, weight_decay=weight_decay, bias_correction=bias_correction)])
+    adamw = AdamW(rest, lr=lr * adamw_ratio, weight_decay=weight_decay, bias_correction=bias_correction)
+    adamw.param_groups[0]["lr_scale"] = adamw_ratio
+    return Hybrid([muon, adamw])
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Every group at the schedule's `lr`, times its own `lr_scale` where it has one (AdamW's beside Muon)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group["lr_scale"] if "lr_scale" in group else lr
+
+
+def schedule_lr(optimizer: torch.optim.Optimizer) -> float:
+    """The schedule's lr the optimizer was last set to: its first group's, which has no scale of its own."""
+    group = optimizer.param_groups[0]
+    return float(group["lr"]) / group.get("lr_scale", 1.0)
 
 
 # ------------------------------------------------ where a restored optimizer state must sit (resume, a machine's)
@@ -220,8 +236,8 @@ def optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer, 
     names = {id(p): n for n, p in model.named_parameters()}
     tensors: dict[str, torch.Tensor] = {}
     step = stateful = 0
+    tensors["lr"] = torch.tensor(schedule_lr(optimizer), dtype=torch.float64)
     for group in optimizer.param_groups:
-        tensors["lr"] = torch.tensor(float(group["lr"]), dtype=torch.float64)
         for p in group["params"]:
             state = optimizer.state.get(p)
             if not state:
@@ -257,8 +273,7 @@ def load_optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimi
         if "exp_avg" in state:
             state["step"] = torch.tensor(float(step))
         optimizer.state[p] = state
-    for group in optimizer.param_groups:
-        group["lr"] = float(tensors["lr"])
+    set_lr(optimizer, float(tensors["lr"]))
     if scaler is not None and scaler.is_enabled():
         saved = {k[len(SCALER_PREFIX):]: v for k, v in tensors.items() if k.startswith(SCALER_PREFIX)}
         if not saved:

@@ -32,7 +32,8 @@ class TrainingOptions(OptimizerOptions, ScheduleOptions, DeviceOptions):
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        if self.lr is None:
+        self.check_groups()
+        if self.lr is None or (self.adamw_lr is None and self.optimizer == "muon"):
             from hitoban.modeling.configuration_hitoban import PRESETS  # lazy: the model package loads torch
 
             if self.preset in PRESETS:  # an unknown one is refused by name where the run starts

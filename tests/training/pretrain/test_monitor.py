@@ -59,7 +59,7 @@ def test_a_nan_is_never_saved_and_the_run_resumes_from_the_last_good_slot(tiny_s
     good = night_config(tiny_shards, run, **EXACT, log_every=1000, save_every_steps=3, eval_every=1000)
     pretrain(dataclasses.replace(good, max_hours=1e-9))  # stops, saved, after step 1
     with pytest.raises(TrainingDiverged, match=r"last good checkpoint \(step 1\) is untouched and the run resumes"):
-        pretrain(dataclasses.replace(good, lr=1e12, grad_clip=0.0, allow_change="lr,grad_clip"))
+        pretrain(dataclasses.replace(good, lr=1e12, adamw_lr=1e12, grad_clip=0.0, allow_change="lr,adamw_lr,grad_clip"))
     assert json.loads((run / "heartbeat.json").read_text())["stop_reason"] == "nan"
     slot = current_slot(run)
     assert json.loads((slot / "train_state.json").read_text())["step"] == 1
