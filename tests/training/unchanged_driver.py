@@ -24,6 +24,15 @@ RUNS = {  # name -> options over NIGHT; "stop" interrupts the run there and resu
 }
 
 
+def with_shared_rate(options_class, options: dict) -> dict:
+    """AdamW's group beside Muon ran at Muon's lr until issue 37 gave it its own rule (`--adamw-lr`): where the code
+    has the option, Muon's runs give it Muon's lr, so the comparison is of the code, not of a default meant to change
+    (the baseline's options have no such field)."""
+    if "adamw_lr" in options_class.__dataclass_fields__ and options.get("optimizer", "muon") == "muon":
+        return {**options, "adamw_lr": options["lr"]}
+    return options
+
+
 def digest_tensors(tensors: dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for name in sorted(tensors):
@@ -41,7 +50,7 @@ def pretrain_run(data: str, out: Path, name: str) -> dict:
     from hitoban.training.pretrain.options import PretrainConfig
     from hitoban.training.pretrain.trainer import pretrain
 
-    options = {**NIGHT, **RUNS[name]}
+    options = with_shared_rate(PretrainConfig, {**NIGHT, **RUNS[name]})
     stop = options.pop("stop", None)
     if stop:  # the first session ends at `stop`; the second resumes from its checkpoint with the longer budget
         pretrain(PretrainConfig(data=data, out=str(out), **{**options, "steps": stop}))
@@ -64,7 +73,8 @@ def federated_task(data: str, out: Path) -> dict:
     model = HitobanForCausalLM(HitobanConfig.from_preset("tiny", vocab_size=vocab))
     weights = {k: v.detach().clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
     machine = Machine(data, out / "state", "a", cpu=True, precision="no")
-    options = TrainingOptions(data=data, preset="tiny", context=64, batch_size=8, lr=BASELINE_MUON_LR)
+    options = TrainingOptions(**with_shared_rate(TrainingOptions, dict(data=data, preset="tiny", context=64,
+                                                                        batch_size=8, lr=BASELINE_MUON_LR)))
     task = {"run-id": "r", "start": 16, "end": 48, "seed": options.seed, "global-batch": 8, "schedule-steps": 10,
             "budget-windows": 80, "round-start": 16, "round-windows": 32,
             "options": json.dumps(trajectory_of(options)), "shards": json.dumps(machine.digests)}

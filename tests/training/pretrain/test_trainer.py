@@ -233,7 +233,7 @@ def test_two_process_ddp_matches_one_process_and_resumes_in_one(tiny_shards, tmp
     exact = faults.to_env(cpu_bf16=False)
     common = ["pretrain", "--data", str(tiny_shards), "--preset", "tiny", "--context", "64", "--steps", "12",
               "--batch-size", "8", "--log-every", "4", "--eval-every", "100", "--no-progress", "--cpu",
-              "--precision", "no"]
+              "--precision", "no", "--adamw-lr", "0.0436"]  # AdamW's group at Muon's rate, as this bound was set on
     two = launch_hitoban(common + ["--out", str(tmp_path / "ddp")], 2, tmp_path, **exact)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "2 process(es)" in two.stdout + two.stderr
