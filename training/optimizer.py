@@ -79,6 +79,17 @@ class OptimizerOptions(Checked):
                                     "default by measurement (benchmarks/bench_night.py)",
                             choices=("adamw", "muon"), trajectory=True)
 
+    def __post_init__(self) -> None:
+        super().__post_init__()  # the ranges
+        if self.optimizer == "adamw" and self.adamw_lr is not None:  # a group only Muon's runs have
+            raise UsageError("--adamw-lr sets AdamW's group beside Muon; with --optimizer adamw every parameter "
+                             "follows --lr: drop --adamw-lr")
+
+    @property
+    def needs_width(self) -> bool:
+        """Whether a default rate is still to come from the model's width (`resolve_lr`)."""
+        return self.lr is None or (self.adamw_lr is None and self.optimizer == "muon")
+
     def resolve_lr(self, width: int) -> None:
         """Give `lr` its default for a model of this hidden size when none was given: resolved once, so every reader
         (the fingerprint, the run folder, the card) sees the number."""
@@ -86,12 +97,6 @@ class OptimizerOptions(Checked):
             self.lr = default_lr(self.optimizer, width)
         if self.adamw_lr is None and self.optimizer == "muon":
             self.adamw_lr = adamw_group_lr_for_width(width)
-
-    def check_groups(self) -> None:
-        """--adamw-lr names a group only Muon's runs have: refused with AdamW on everything (one lr, --lr)."""
-        if self.optimizer == "adamw" and self.adamw_lr is not None:
-            raise UsageError("--adamw-lr sets AdamW's group beside Muon; with --optimizer adamw every parameter "
-                             "follows --lr: drop --adamw-lr")
 
     def optimizer_for(self, model, lr: float, muon_dtype: str):
         """The optimizer over `model`'s parameters at learning rate `lr` (the schedule's first); AdamW's group beside

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from hitoban.options import Checked, check_ranges, option, parse_count, same_as
+from hitoban.options import Checked, option, parse_count, same_as
 from hitoban.training.device import DeviceOptions
 from hitoban.training.optimizer import OptimizerOptions
 from hitoban.training.schedule import ScheduleOptions
@@ -31,9 +31,8 @@ class TrainingOptions(OptimizerOptions, ScheduleOptions, DeviceOptions):
     seed: int = option(1234, "initialisation and batches: (seed, step) -> batch", min=0, trajectory=True)
 
     def __post_init__(self) -> None:
-        check_ranges(self)
-        self.check_groups()
-        if self.lr is None or (self.adamw_lr is None and self.optimizer == "muon"):
+        super().__post_init__()  # the ranges, and the optimizer component's own check
+        if self.needs_width:
             from hitoban.modeling.configuration_hitoban import PRESETS  # lazy: the model package loads torch
 
             if self.preset in PRESETS:  # an unknown one is refused by name where the run starts
