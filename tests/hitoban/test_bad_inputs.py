@@ -130,7 +130,6 @@ def test_the_judge_fails_a_verb_whose_validation_is_removed(inputs, capsys, monk
     import hitoban.options as options
 
     monkeypatch.setattr(options, "check_ranges", lambda _: None)
-    monkeypatch.setattr("hitoban.training.pretrain.options.check_ranges", lambda _: None)
     argv, code, words = cases(inputs)[0]
     assert judge(argv, code, words, [inputs["shards"]], capsys) != []
 
@@ -196,6 +195,5 @@ def test_the_property_fails_when_the_range_checks_are_removed(tiny_shards, tmp_p
     import hitoban.options as options
 
     monkeypatch.setattr(options, "check_ranges", lambda _: None)
-    monkeypatch.setattr("hitoban.training.pretrain.options.check_ranges", lambda _: None)
     problems = refused_naming("--batch-size", 0, tiny_shards, tmp_path / "run", capsys)
     assert problems and problems[0].startswith("exit traceback"), problems
