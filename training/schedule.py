@@ -1,9 +1,9 @@
 """The learning-rate schedule, one small value built once for exactly the run's budget (docs/design.md §6).
 
-Linear warmup over max(100 steps, 2%) from 2% of the peak, then either cosine to 10% of the peak at the last step
-(3LM) or warmup-stable-decay. (3LM's predecessor stopped on a time cap before its cosine had decayed; a schedule
-sized to the real budget cannot.) The LR is a pure function of the step, like the batches, so a resume needs only
-the step to continue it.
+Linear warmup over max(100 steps, 2%) from 2% of the peak (`--warmup-steps`, `--warmup-frac`: a short run can lower
+the floor), then either cosine to 10% of the peak at the last step (3LM) or warmup-stable-decay. (3LM's predecessor
+stopped on a time cap before its cosine had decayed; a schedule sized to the real budget cannot.) The LR is a pure
+function of the step, like the batches, so a resume needs only the step to continue it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class Schedule:
     warmup_frac: float = 0.02
     min_ratio: float = 0.1
     decay_frac: float = 0.2
-    min_warmup: int = 100  # the warmup lasts at least this many steps (the tiny-model helper asks for fewer)
+    min_warmup: int = 100  # the warmup lasts at least this many steps (--warmup-steps)
 
     @property
     def warmup(self) -> int:
@@ -54,12 +54,15 @@ class ScheduleOptions(Checked):
     """The schedule component's options; `build` sizes the schedule to a run's peak and budget."""
 
     min_lr_ratio: float = option(0.1, "the schedule ends at this fraction of the peak", min=0, max=1, trajectory=True)
-    warmup_frac: float = option(0.02, "warmup: max(100 steps, this fraction), from 2%% of the peak", min=0, max=1,
-                                trajectory=True)
+    warmup_frac: float = option(0.02, "warmup: max(--warmup-steps, this fraction of the steps), from 2%% of the peak",
+                                min=0, max=1, trajectory=True)
+    warmup_steps: int = option(100, "the warmup lasts at least this many steps (--warmup-frac can lengthen it, not "
+                                    "shorten it: 0 leaves the fraction alone)", min=0, trajectory=True)
     schedule: str = option("wsd", "wsd: warmup-stable-decay with a linear warmdown over --decay-frac (extendable); "
                                   "cosine: to --min-lr-ratio (3LM)", choices=("cosine", "wsd"), trajectory=True)
     decay_frac: float = option(0.2, "wsd: the warmdown's share of the steps", min=0, max=1, trajectory=True)
 
     def schedule_for(self, peak: float, total_steps: int) -> Schedule:
         """The schedule of a run of `total_steps` peaking at `peak`."""
-        return Schedule(peak, total_steps, self.schedule, self.warmup_frac, self.min_lr_ratio, self.decay_frac)
+        return Schedule(peak, total_steps, self.schedule, self.warmup_frac, self.min_lr_ratio, self.decay_frac,
+                        min_warmup=self.warmup_steps)
