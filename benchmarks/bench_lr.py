@@ -134,10 +134,12 @@ def sweep(shards: Path, domains: dict, out: Path, label: str, preset: str, overr
             "grid": {f"{lr:g}": scores[lr] for lr in lrs}, "optimum": optimum, "inside_grid": inside}
 
 
-def fit(rows: list[dict]) -> tuple[float, float]:
+def fit(rows: list[dict]) -> tuple[float, float] | None:
     """(lr at width 256, exponent) of lr = a * (256 / width) ** k over the optima, fitted as the target is stated:
     the smallest largest factor between rule and optimum (minimax in log-log; least squares let one noisy width
-    pull the line past 1.5x at another)."""
+    pull the line past 1.5x at another). None below two widths: one optimum fixes no exponent."""
+    if len({r["overrides"]["hidden_size"] for r in rows}) < 2:
+        return None
     x = np.log([256 / r["overrides"]["hidden_size"] for r in rows])
     y = np.log([r["optimum"] for r in rows])
     exponents = np.linspace(0.0, 2.0, 20_001)
@@ -148,12 +150,16 @@ def fit(rows: list[dict]) -> tuple[float, float]:
     return float(math.exp(centre)), float(exponents[best])
 
 
-def report(rows: list[dict], train_tokens: int, a: float, k: float, group: str = "muon") -> list[str]:
-    """The results page's table: each shape's grid, its optimum, the fit's and the product rule's lr against it."""
+def report(rows: list[dict], train_tokens: int, fitted_rule: tuple[float, float] | None, group: str = "muon"
+           ) -> list[str]:
+    """The results page's table: each shape's grid, its optimum, the fit's (where there is one) and the product
+    rule's lr against it."""
     at_256, exponent, rule, names = RULES[group]
-    lines = [f"Group swept: {group}. Training text: {train_tokens:,} tokens. Fitted on the swept widths' optima "
-             f"(minimax in log-log): {a:.3g} x (256 / width) ^ {k:.2f}; the product's rule (training/optimizer.py, "
-             f"{names}): {at_256:g} x (256 / width) ^ {exponent:g}.", ""]
+    a, k = fitted_rule or (None, None)
+    fitted_words = (f"Fitted on the swept widths' optima (minimax in log-log): {a:.3g} x (256 / width) ^ {k:.2f}"
+                    if fitted_rule else "Not fitted (one width swept: a check of the rule, not a fit)")
+    lines = [f"Group swept: {group}. Training text: {train_tokens:,} tokens. {fitted_words}; the product's rule "
+             f"(training/optimizer.py, {names}): {at_256:g} x (256 / width) ^ {exponent:g}.", ""]
     body = []
     for row in rows:
         width = row["overrides"]["hidden_size"]
@@ -161,10 +167,11 @@ def report(rows: list[dict], train_tokens: int, a: float, k: float, group: str =
                           row["grid"].items())
         edge = "" if row["inside_grid"] else " (grid edge)"
         passes = row["steps"] * BATCH * CONTEXT / train_tokens
-        fitted, product = a * (256 / width) ** k, rule(width)
+        product = rule(width)
+        fitted = f"{a * (256 / width) ** k:.3g} ({a * (256 / width) ** k / row['optimum']:.2f}x)" if fitted_rule else ""
         seeds = len(next(iter(row["grid"].values())).get("seeds", {0: 0}))
         body.append([f"{row['label']} (width {width})", row["steps"], f"{passes:.3f}", seeds, tried,
-                     f"{row['optimum']:.3g}{edge}", f"{fitted:.3g} ({fitted / row['optimum']:.2f}x)",
+                     f"{row['optimum']:.3g}{edge}", fitted,
                      f"{product:.3g} ({product / row['optimum']:.2f}x)"])
     return lines + provenance.table(["shape", "steps", "passes", "seeds",
                                      "lr tried: mean held-out bits/char (literature, web)", "measured optimum",
@@ -200,10 +207,10 @@ def main() -> None:
     else:
         train_tokens, rows = run_sweeps(args, out)
         group = args.group
-    a, k = fit([row for row in rows if row["label"] != "3lm"])
-    lines = report(rows, train_tokens, a, k, group)
+    fitted = fit([row for row in rows if row["label"] != "3lm"])
+    lines = report(rows, train_tokens, fitted, group)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_lr.json").write_text(json.dumps({"train_tokens": train_tokens, "group": group, "fit": [a, k],
+    (out / "bench_lr.json").write_text(json.dumps({"train_tokens": train_tokens, "group": group, "fit": fitted,
                                                    "rows": rows}, indent=2))
     (out / "bench_lr.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -213,6 +220,9 @@ def run_sweeps(args: argparse.Namespace, out: Path) -> tuple[int, list[dict]]:
     """Train the grid at every width, then (`--check 3lm`) the 3lm shape around the fit's lr for it."""
 
     at_256, exponent = args.centre or RULES[args.group][:2]
+    if args.check == "3lm" and len(set(args.widths)) < 2:  # before anything trains
+        raise SystemExit("bench_lr: --check 3lm predicts from a fit over two widths or more; add a width or pass "
+                         "--check none")
 
     def centre(width: int) -> float:
         return float(f"{at_256 * (256 / width) ** exponent:.2g}")

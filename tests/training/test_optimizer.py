@@ -29,6 +29,7 @@ from hitoban.training.schedule import Schedule, ScheduleOptions
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 SWEEP = RESULTS / "lr-sweep-2026-12-05" / "bench_lr.json"  # Muon's --lr, 4 widths + the 3lm check
+MUON_RECHECK = RESULTS / "lr-sweep-muon-w256-2026-12-06" / "bench_lr.json"  # --lr at 256, AdamW's group at its rule
 ADAMW_SWEEP = RESULTS / "lr-sweep-adamw-2026-12-06" / "bench_lr.json"  # --adamw-lr, 3 widths + the 3lm check, 2 seeds
 
 
@@ -67,6 +68,10 @@ def test_the_default_rule_is_within_1_5x_of_every_measured_optimum():
     constants cannot move away from the measurement without this failing."""
     assert worst_factor(lr_for_width) <= 1.5
     assert worst_factor(lambda w: 8e-3 * (256 / w) ** 0.5) > 1.5  # negative control: the rule before the sweep
+    recheck = json.loads(MUON_RECHECK.read_text())  # the same at width 256 with AdamW's group at its own rule
+    assert recheck["group"] == "muon" and all(len(p["seeds"]) == 2 for p in recheck["rows"][0]["grid"].values())
+    assert worst_factor(lr_for_width, MUON_RECHECK) <= 1.5
+    assert worst_factor(lambda w: 2 * LR_AT_256, MUON_RECHECK) > 1.5  # negative control: a rate twice the rule's
     assert worst_factor(lambda w: LR_AT_256) > 1.5  # and one lr for every width
 
 
