@@ -213,3 +213,25 @@ def pretrained(tiny_shards, tmp_path_factory) -> Path:
     pretrain(PretrainConfig(data=str(tiny_shards), out=str(run), preset="tiny", context=128, steps=60, batch_size=8,
                             lr=3e-3, eval_every=30, eval_batches=2, log_every=30, progress=False, cpu=True))
     return run / "final"
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory):
+    """The demo with `--cpu` where a GPU and a Mac's MPS are both reported present (issue 34: SFT and evaluation
+    ran on them anyway). This torch has neither, so any tensor sent to one fails the demo: every stage must run on
+    the CPU. Only the reports are patched, and CUDA's RNG state, which the Trainer saves with every checkpoint
+    wherever CUDA is reported. Session-wide: the clean-clone secret scan (tests/release) reads its output too."""
+    import json
+
+    import torch.cuda.random
+
+    from hitoban.cli import main
+
+    out = tmp_path_factory.mktemp("demo") / "night"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.cuda, "is_available", lambda: True)
+        patch.setattr(torch.backends.mps, "is_available", lambda: True)
+        patch.setattr(torch.cuda.random, "get_rng_state", lambda *_: torch.zeros(0, dtype=torch.uint8))
+        patch.setattr(torch.cuda.random, "set_rng_state", lambda *_: None)
+        assert main(["demo", "--quick", "--cpu", "--out", str(out)]) == 0
+    return out, json.loads((out / "report.json").read_text(encoding="utf-8"))

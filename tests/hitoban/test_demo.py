@@ -8,27 +8,6 @@ import re
 import pytest
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    """The demo with `--cpu` where a GPU and a Mac's MPS are both reported present (issue 34: SFT and evaluation
-    ran on them anyway). This torch has neither, so any tensor sent to one fails the demo: every stage must run on
-    the CPU. Only the reports are patched, and CUDA's RNG state, which the Trainer saves with every checkpoint
-    wherever CUDA is reported."""
-    import torch
-    import torch.cuda.random
-
-    from hitoban.cli import main
-
-    out = tmp_path_factory.mktemp("demo") / "night"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(torch.cuda, "is_available", lambda: True)
-        patch.setattr(torch.backends.mps, "is_available", lambda: True)
-        patch.setattr(torch.cuda.random, "get_rng_state", lambda *_: torch.zeros(0, dtype=torch.uint8))
-        patch.setattr(torch.cuda.random, "set_rng_state", lambda *_: None)
-        assert main(["demo", "--quick", "--cpu", "--out", str(out)]) == 0
-    return out, json.loads((out / "report.json").read_text(encoding="utf-8"))
-
-
 @pytest.mark.slow
 def test_every_stage_ran_and_the_report_links_real_files(demo):
     out, report = demo

@@ -4,8 +4,8 @@ read, and this source tree is clean."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
-import sys
 
 import pytest
 from release_helpers import HF_TOKEN, PLANTED
@@ -87,23 +87,28 @@ def test_the_scan_respects_gitignore_and_marked_test_data_and_says_so(tmp_path, 
 
 
 @pytest.mark.slow
-def test_the_readme_order_on_a_clean_clone(tmp_path):
+def test_the_readme_order_on_a_clean_clone(tmp_path, demo):
     """Issue 13: install -> `hitoban demo` -> the tests -> `hitoban secrets . --git`, in that order, in a clean clone.
     The demo writes its fake contacts into the clone (hitoban-demo/, git-ignored); the source-tree check and the
-    README's secret scan must still pass."""
+    README's secret scan must still pass. The demo's output is the session's one demo (tests/conftest.py), placed
+    where a demo run from the clone puts it (its default --out)."""
+    import inspect
+
     from conftest import REPO
 
     from hitoban.cli import main
+    from hitoban.demo import run_demo
 
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
-    demo = subprocess.run([sys.executable, "-m", "hitoban.cli", "demo", "--quick", "--until", "pii"], cwd=clone,
-                          capture_output=True, text=True, timeout=900)
-    assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
+    assert inspect.signature(run_demo).parameters["out"].default == "hitoban-demo"
+    shutil.copytree(demo[0], clone / "hitoban-demo")
     planted = json.loads((clone / "hitoban-demo" / "pii-canaries" / "canaries.json").read_text())
     assert planted and "@" in planted[0]["value"] + planted[2]["value"]  # the fake contacts are really there
     assert [str(f) for f in secrets.scan_directory(clone)] == []  # test_the_hitoban_source_tree_is_clean
     assert main(["secrets", str(clone), "--git"]) == 0  # the README's step
+    (clone / "notes.txt").write_text(HF_TOKEN + "\n")  # negative control: the same scan, outside the ignored folder
+    assert [f.rule for f in secrets.scan_directory(clone)] == ["hf-token"]
 
 
 def test_the_hitoban_source_tree_is_clean():
