@@ -168,7 +168,10 @@ def report(rows: list[dict], train_tokens: int, fitted_rule: tuple[float, float]
         edge = "" if row["inside_grid"] else " (grid edge)"
         passes = row["steps"] * BATCH * CONTEXT / train_tokens
         product = rule(width)
-        fitted = f"{a * (256 / width) ** k:.3g} ({a * (256 / width) ** k / row['optimum']:.2f}x)" if fitted_rule else ""
+        fitted = ""
+        if fitted_rule:
+            at_fit = a * (256 / width) ** k
+            fitted = f"{at_fit:.3g} ({at_fit / row['optimum']:.2f}x)"
         seeds = len(next(iter(row["grid"].values())).get("seeds", {0: 0}))
         body.append([f"{row['label']} (width {width})", row["steps"], f"{passes:.3f}", seeds, tried,
                      f"{row['optimum']:.3g}{edge}", fitted,

@@ -27,11 +27,11 @@ class Schedule:
     warmup_frac: float = 0.02
     min_ratio: float = 0.1
     decay_frac: float = 0.2
-    min_warmup: int = 100  # the warmup lasts at least this many steps (--warmup-steps)
+    warmup_steps: int = 100  # the warmup lasts at least this many steps (the option of the same name)
 
     @property
     def warmup(self) -> int:
-        return min(max(self.min_warmup, int(self.total_steps * self.warmup_frac)), max(1, self.total_steps - 1))
+        return min(max(self.warmup_steps, int(self.total_steps * self.warmup_frac)), max(1, self.total_steps - 1))
 
     def lr(self, step: int) -> float:
         """LR for the update made after `step` updates (3LM: update k uses lr(k - 1))."""
@@ -51,7 +51,7 @@ class Schedule:
 
 @dataclass(kw_only=True)
 class ScheduleOptions(Checked):
-    """The schedule component's options; `build` sizes the schedule to a run's peak and budget."""
+    """The schedule component's options; `schedule_for` sizes the schedule to a run's peak and budget."""
 
     min_lr_ratio: float = option(0.1, "the schedule ends at this fraction of the peak", min=0, max=1, trajectory=True)
     warmup_frac: float = option(0.02, "warmup: max(--warmup-steps, this fraction of the steps), from 2%% of the peak",
@@ -65,4 +65,4 @@ class ScheduleOptions(Checked):
     def schedule_for(self, peak: float, total_steps: int) -> Schedule:
         """The schedule of a run of `total_steps` peaking at `peak`."""
         return Schedule(peak, total_steps, self.schedule, self.warmup_frac, self.min_lr_ratio, self.decay_frac,
-                        min_warmup=self.warmup_steps)
+                        warmup_steps=self.warmup_steps)

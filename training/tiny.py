@@ -45,7 +45,7 @@ def train_tiny(stream: np.ndarray, vocab_size: int, steps: int, seed: int, conte
     reset_accelerate_state(cpu=True)
     accelerator = Accelerator(cpu=True)
     model, optimizer = accelerator.prepare(model, optimizer)
-    schedule = Schedule(lr, steps, "cosine", warmup_frac=0.0, min_ratio=0.0, min_warmup=warmup)
+    schedule = Schedule(lr, steps, "cosine", warmup_frac=0.0, min_ratio=0.0, warmup_steps=warmup)
     losses = []
     try:
         for step in tqdm(range(steps), desc=desc, disable=None):

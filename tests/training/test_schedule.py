@@ -69,7 +69,7 @@ def test_a_short_run_can_lower_the_warmup_floor(tiny_shards, tmp_path):
                               schedule="cosine", eval_every=1000))
         records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
         lr[name] = {r["step"]: r["lr"] for r in records if r["type"] == "train"}
-    lowered = Schedule(3e-3, 20, "cosine", warmup_frac=0.1, min_warmup=0)
+    lowered = Schedule(3e-3, 20, "cosine", warmup_frac=0.1, warmup_steps=0)
     assert lowered.warmup == 2
     assert lr["lowered"] == pytest.approx({step: lowered.lr(step - 1) for step in range(1, 21)})
     assert lr["lowered"][3] == pytest.approx(3e-3)  # the peak after two steps of warmup
