@@ -32,11 +32,12 @@ from pathlib import Path
 from hitoban.errors import CheckFailed, HitobanError, ResourceError, UsageError
 from hitoban.run_folder import RunFolder
 from hitoban.training.federated.options import JoinOptions, ServeOptions
+from hitoban.training.federated.patience import Patience, reachable
 
 BIN = Path(sys.executable).parent  # flower-superlink, flower-supernode and flwr live beside this Python
 REFUSAL_PATIENCE = 30.0  # seconds a refused key is retried: the server may be registering its machines just then
 REJOIN_PATIENCE = 150.0  # ... and for a machine this server accepted before (its old session must time out first)
-MAX_REJOINS = 30  # a machine whose server restarts joins again (Flower's SuperNode itself retries while unreachable)
+MAX_REJOINS = 30  # SuperNode exits in a row (not refusals) before a machine leaves; an acceptance resets the count
 CONNECTION = "hitoban"  # the `flwr` CLI's name for this run's SuperLink (in FLWR_HOME/config.toml)
 APP = """[build-system]
 requires = ["hatchling"]
@@ -338,12 +339,13 @@ def join(options: JoinOptions, show=print) -> int:
     follow = Follow(log, show, keep=lambda line: "hitoban:" in line)
     node = start(command, log, state / "flower" / "home")
     show(f"# {name} joining {options.server}; Flower's log: {log}")
-    restarts, refused_since, waiting_since = 0, None, time.time()  # waiting: a SuperNode started, not yet accepted
+    patience, waiting_since = Patience(MAX_REJOINS), time.time()  # waiting: a SuperNode started, not yet accepted
     accepted = state / "flower" / f"accepted-by-{options.server.replace(':', '_').replace('/', '_')}"
     try:
         while True:
-            if any("SuperNode ID:" in line for line in follow()):  # accepted (again): a refusal starts a new streak
-                refused_since = waiting_since = None
+            if any("SuperNode ID:" in line for line in follow()):  # accepted (again): every streak ends
+                patience.accepted()
+                waiting_since = None
                 accepted.write_text(options.server + "\n")
             if (state / DONE_FILE).exists() and not options.stay:
                 show(f"# the server says the run is over; {name} leaves")
@@ -355,14 +357,14 @@ def join(options: JoinOptions, show=print) -> int:
                 raise FlowerFailed(f"no server accepted {name} at {options.server} for {options.wait_minutes:g} min "
                                    f"(is `hitoban federate serve` running there, and its port reachable?):\n"
                                    f"{tail(log)}")
+            if patience.in_refusal_streak and not reachable(options.server):
+                patience.unreachable(time.time())  # a server restarting: its refusals start a new streak
             if node.poll() is not None:
                 text = tail(log, 40)
                 if "2004" in text or "No SuperNode found with the given public key" in text:
                     # Flower says the same when the key is unknown and when this machine's earlier session (before a
                     # crash) still counts as online there, until its heartbeats are missed (about a minute)
-                    patience = REJOIN_PATIENCE if accepted.exists() else REFUSAL_PATIENCE
-                    refused_since = refused_since or time.time()
-                    if time.time() - refused_since > patience:
+                    if patience.refused(time.time(), REJOIN_PATIENCE if accepted.exists() else REFUSAL_PATIENCE):
                         raise CheckFailed(f"the server refused {name}: its public key is not registered there "
                                           "(start the server with --keys holding this machine's nodes/NAME.pub)")
                     time.sleep(3.0)
@@ -371,10 +373,9 @@ def join(options: JoinOptions, show=print) -> int:
                 if "CERTIFICATE_VERIFY_FAILED" in text:
                     raise CheckFailed(f"{name} does not trust the server's certificate: --keys must hold the ca.crt "
                                       "of the server's `hitoban federate keys` folder")
-                restarts += 1
-                if restarts > MAX_REJOINS:
-                    raise FlowerFailed(f"Flower's SuperNode stopped {restarts} times (exit {node.returncode}):\n"
-                                       f"{tail(log)}")
+                if patience.lost():
+                    raise FlowerFailed(f"Flower's SuperNode stopped {patience.losses} times in a row without being "
+                                       f"accepted (exit {node.returncode}):\n{tail(log)}")
                 show(f"# lost the server (Flower's SuperNode exited {node.returncode}); joining again in 5 s")
                 time.sleep(5.0)
                 node, waiting_since = start(command, log, state / "flower" / "home"), time.time()

@@ -227,7 +227,9 @@ class Server:
         return self._summarise(started)
 
     def _wait_for_machines(self, grid) -> list[int]:
-        deadline = time.time() + self.options.wait_minutes * 60
+        """The machines that may train now; while fewer than --min-machines, waits, and says so in server.log
+        whenever the count changes (a server that waits in silence looks hung)."""
+        deadline, said = time.time() + self.options.wait_minutes * 60, None
         while True:
             connected = sorted(grid.get_node_ids())
             self.connected = set(connected)
@@ -240,6 +242,12 @@ class Server:
                                         "(it resumes)")
             if len(nodes) >= self.options.min_machines:
                 return nodes
+            if said != nodes:
+                said = nodes
+                self.log(f"round {self.state.step + 1}: waiting for machines: {len(nodes)} of --min-machines "
+                         f"{self.options.min_machines} connected" + (f" ({', '.join(map(self._name, nodes))})"
+                                                                     if nodes else "")
+                         + f"; giving up after {self.options.wait_minutes:g} min")
             if time.time() > deadline:
                 raise RuntimeError(f"only {len(nodes)} machine(s) connected for {self.options.wait_minutes:g} min "
                                    f"(--min-machines {self.options.min_machines}); start more with `hitoban federate "

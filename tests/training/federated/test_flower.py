@@ -50,14 +50,30 @@ def no_leftovers():
         kill(LAUNCHED.pop())
 
 
-def wait_for(condition, what: str, seconds: float = 240.0):
+def logs(root: Path) -> str:
+    """The end of every log the test's processes wrote (theirs, the run's, Flower's), for a failure's message: a
+    federation that stalls in CI must say where."""
+    paths = sorted(root.glob("*.log")) + sorted(root.glob("run/*.log")) + sorted(root.glob("*/flower/*.log")) \
+        + sorted(root.glob("run/flower/*.log"))
+    return "\n".join(f"--- {path.relative_to(root)}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-25:])
+                     for path in paths)
+
+
+def wait_for(condition, what: str, root: Path, seconds: float = 240.0):
     deadline = time.time() + seconds
     while time.time() < deadline:
         found = condition()
         if found:
             return found
         time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}\n{logs(root)}")
+
+
+def exit_code(process: subprocess.Popen, seconds: float) -> int | None:
+    try:
+        return process.wait(seconds)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def rounds(run: Path) -> list[dict]:
@@ -85,7 +101,7 @@ def test_a_loopback_federation_survives_a_killed_machine_and_a_killed_server(tin
     serve = ["federate", "serve", "--data", str(tiny_shards), "--out", str(run), "--preset", "tiny", "--context",
              str(CTX), "--batch-size", str(BATCH), "--tokens", str(budget), "--inner-steps", "3", "--probe-steps", "2",
              "--eval-batches", "2", "--port", str(port), "--keys", str(keys), "--min-machines", "2",
-             "--lease-minutes", "0.5"]
+             "--lease-minutes", "0.5", "--wait-minutes", "4"]  # a machine that gave up fails the run, not a hang
 
     def join(name: str, **env) -> subprocess.Popen:
         return launch(["federate", "join", f"127.0.0.1:{port}", "--data", str(tiny_shards), "--state",
@@ -96,20 +112,20 @@ def test_a_loopback_federation_survives_a_killed_machine_and_a_killed_server(tin
     a = join("a")
     b = join("b", **faults.to_env(federated_step_pause=1.5))  # a slow machine: its tasks take seconds
     stranger = join("stranger")
-    assert stranger.wait(180) == 1
+    assert exit_code(stranger, 180) == 1, logs(tmp_path)
     assert "refused stranger: its public key is not registered" in (tmp_path / "stranger.log").read_text()
 
-    wait_for(lambda: started(run, 2), "round 2")
+    wait_for(lambda: started(run, 2), "round 2", tmp_path)
     time.sleep(2.0)  # b is inside its round-2 task (1.5 s per step)
     kill(b)
     b = join("b")  # the same machine again, with its state folder: it rejoins
-    wait_for(lambda: len(rounds(run)) >= 3, "round 3")
+    wait_for(lambda: len(rounds(run)) >= 3, "round 3", tmp_path)
     kill(server)
     assert not (run / "summary.json").exists()
     server = launch(serve, tmp_path / "serve-2.log")  # the same command
-    assert server.wait(420) == 0, (tmp_path / "serve-2.log").read_text()[-3000:]
+    assert exit_code(server, 420) == 0, logs(tmp_path)
     for machine in (a, b):
-        assert machine.wait(60) == 0
+        assert exit_code(machine, 60) == 0, logs(tmp_path)
 
     summary = json.loads((run / "summary.json").read_text())
     assert summary["tokens_seen"] == summary["token_budget"] == budget

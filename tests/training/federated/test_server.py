@@ -405,3 +405,33 @@ def test_with_keys_a_machine_cannot_sign_for_another(tiny_shards, tmp_path):
         {10 + i: Machine(tiny_shards, tmp_path / f"h{n}", n, cpu=True, signing_key=str(keys / f"node-{n}" / "node.key"))
          for i, n in enumerate("ab")}))
     assert honest["per_machine"]["b"]["windows"] > 0 and not honest["excluded_machines"]  # the control
+
+
+class GrowingGrid(LocalGrid):
+    """Machines that connect one by one: the second appears after the server has asked `after` times."""
+
+    def __init__(self, machines, after: int):
+        super().__init__(machines)
+        self.asked, self.after = 0, after
+
+    def get_node_ids(self):
+        self.asked += 1
+        return list(self.machines)[:1 if self.asked <= self.after else None]
+
+
+@pytest.mark.slow
+def test_a_server_short_of_machines_says_it_is_waiting_and_gives_up_by_name(tiny_shards, tmp_path):
+    """The CI run that stalled: a server waiting for --min-machines wrote nothing, so its log looked hung. It now
+    says how many of how many are connected, and when that changes; past --wait-minutes it stops, naming both."""
+    said = []
+    server = start(tiny_shards, tmp_path / "run", min_machines=2, wait_minutes=0.03)
+    server.log = said.append
+    grid = GrowingGrid(machines(tiny_shards, tmp_path), after=2)
+    assert server._wait_for_machines(grid) == [10, 11]
+    waiting = [line for line in said if "waiting for machines" in line]
+    assert waiting == ["round 1: waiting for machines: 1 of --min-machines 2 connected (node-10); giving up after "
+                       "0.03 min"]
+    said.clear()
+    with pytest.raises(RuntimeError, match=r"only 1 machine\(s\) connected for 0.03 min \(--min-machines 2\)"):
+        server._wait_for_machines(GrowingGrid(machines(tiny_shards, tmp_path), after=10**9))
+    assert len([line for line in said if "waiting for machines: 1 of" in line]) == 1  # said once, not every second
