@@ -136,6 +136,8 @@ class Follow:
 class Flower:
     """The server side's Flower processes and the `flwr` CLI pointed at them."""
 
+    cli_timeout = 300.0  # seconds a `flwr` command may take (a hung one is a FlowerFailed, not a traceback)
+
     def __init__(self, run: Path, options: ServeOptions):
         self.run, self.options, self.folder = run, options, run / "flower"
         self.keys = Path(options.keys).resolve() if options.keys else None  # Flower's config needs absolute paths
@@ -179,8 +181,12 @@ class Flower:
 
     def cli(self, *args: str) -> dict:
         """`flwr ARGS --format json`; its exit code is 0 even on failure, so "success" decides."""
-        done = subprocess.run([str(BIN / "flwr"), *args, "--format", "json"], capture_output=True, text=True,
-                              env=flower_env(self.folder / "home-cli"), timeout=300)
+        try:
+            done = subprocess.run([str(BIN / "flwr"), *args, "--format", "json"], capture_output=True, text=True,
+                                  env=flower_env(self.folder / "home-cli"), timeout=self.cli_timeout)
+        except subprocess.TimeoutExpired:
+            raise FlowerFailed(f"flwr {' '.join(args)} did not answer in {self.cli_timeout:g} s (is the SuperLink "
+                               f"overloaded?):\n{tail(self.folder / 'superlink.log')}") from None
         try:
             answer = json.loads(done.stdout)
         except json.JSONDecodeError:

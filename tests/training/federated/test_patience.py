@@ -87,3 +87,22 @@ def test_reachable_tells_a_listening_port_from_a_closed_one():
         assert reachable(f"127.0.0.1:{port}")
     assert not reachable(f"127.0.0.1:{port}")  # closed now
     assert not reachable("not-an-address")
+
+
+def test_a_flower_command_that_hangs_is_a_named_failure_not_a_traceback(tmp_path, monkeypatch):
+    """`serve` asks the `flwr` CLI for the run's status every 2 s; a hung CLI was a TimeoutExpired traceback."""
+    import pytest
+
+    from hitoban.training.federated import launch
+    from hitoban.training.federated.options import ServeOptions
+
+    hung = tmp_path / "bin"
+    hung.mkdir()
+    (hung / "flwr").write_text("#!/bin/sh\nexec sleep 30\n")
+    (hung / "flwr").chmod(0o755)
+    monkeypatch.setattr(launch, "BIN", hung)
+    flower = launch.Flower(tmp_path / "run", ServeOptions(data=str(tmp_path), out=str(tmp_path / "run"), tokens=1,
+                                                             insecure=True))
+    flower.cli_timeout = 0.5
+    with pytest.raises(launch.FlowerFailed, match=r"flwr ls hitoban did not answer in 0.5 s"):
+        flower.cli("ls", launch.CONNECTION)
