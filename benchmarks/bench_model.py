@@ -1,8 +1,8 @@
 """HitobanForCausalLM vs HF LlamaForCausalLM of the same shape, side by side in one process (docs/design.md §17).
 
 Rows: training step (forward + backward + AdamW) tok/s in fp32 and bf16 autocast, greedy `generate()` tok/s at
-batch 1 and 8, peak memory of a training step (RSS growth in a fresh process per model, median of 3), and MFU
-against a matmul peak measured in the same run.
+batch 1 and 8, peak memory of a training step (RSS growth in a fresh process per model, median of
+--memory-samples), and MFU against a matmul peak measured in the same run.
 Runs alternate between the two models (A B A B ...) and the best of N is kept, so drift on a shared machine hits
 both alike. Absolute numbers swing between runs: read the ratios.
 
@@ -179,6 +179,8 @@ def main() -> None:
     parser.add_argument("--ctx", type=int, default=256)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--memory-samples", type=int, default=3,
+                        help="fresh processes per model for the peak-memory rows, median kept (default: 3)")
     parser.add_argument("--bf16", action="store_true", help="run bf16 rows even where the CPU only emulates bf16")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None)
@@ -244,7 +246,7 @@ def main() -> None:
                          "hitoban": tok_c["hitoban"], "llama": tokens / best["llama"],
                          "ratio": tok_c["hitoban"] / (tokens / best["llama"])})
         memory = {n: statistics.median(peak_memory_mib(n, config, args.ctx, args.batch, precision == "bf16")
-                                       for _ in range(3)) for n in models}
+                                       for _ in range(args.memory_samples)) for n in models}
         tok_s = {n: tokens / t for n, t in best.items()}
         rows.append({"row": f"train step {precision}", "unit": "tok/s", **tok_s, "ratio": ratio,
                      "mfu_hitoban": tok_s["hitoban"] * flops / peaks[precision]})

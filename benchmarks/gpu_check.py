@@ -85,7 +85,8 @@ def sizes(rehearsal: bool) -> dict:
     if rehearsal:
         return {"shape": ["--preset", "tiny", "--batch-size", "8", "--context", "64"], "steps": 10,
                 "doctor_steps": 30, "kill_steps": 30, "model": ["--preset", "tiny", "--batch", "2", "--ctx", "64",
-                                                                "--repeats", "1", "--new-tokens", "8"],
+                                                                "--repeats", "1", "--new-tokens", "8",
+                                                                "--memory-samples", "1"],
                 "night_tokens": 16384}
     return {"shape": ["--preset", "3lm", "--batch-size", "32", "--context", "512"], "steps": 300,
             "doctor_steps": None, "kill_steps": 60,

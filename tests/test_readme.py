@@ -117,6 +117,7 @@ def deadline(seconds: int, what: str):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        print(f"{time.monotonic() - started:7.1f} s  {what[:110]}", file=sys.__stderr__, flush=True)  # the cost
         if outer:
             signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 0.01))
 
