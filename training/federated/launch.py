@@ -107,6 +107,23 @@ def stop(process: subprocess.Popen | None, wait: float = 10.0) -> None:
         process.wait()
 
 
+def written_since(path: Path, offset: int) -> str:
+    """What a log gained after `offset` bytes."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read().decode("utf-8", errors="replace")
+
+
+def exit_reason(text: str) -> str:
+    """Why a SuperNode exited, from what it wrote: "refused" (Flower's 2004: its key is not registered, or not yet, or
+    its earlier session still counts as online), "untrusted" (the server's certificate), else "lost"."""
+    if "[code: 2004]" in text or "No SuperNode found with the given public key" in text:  # not any "2004": ids
+        return "refused"
+    if "CERTIFICATE_VERIFY_FAILED" in text:
+        return "untrusted"
+    return "lost"
+
+
 def tail(path: Path, lines: int = 15) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
@@ -343,7 +360,14 @@ def join(options: JoinOptions, show=print) -> int:
                 ["--insecure"])
     log = state / "flower" / "supernode.log"
     follow = Follow(log, show, keep=lambda line: "hitoban:" in line)
-    node = start(command, log, state / "flower" / "home")
+
+    def start_node() -> tuple[subprocess.Popen, int]:
+        """A SuperNode, and where its own lines begin in the (appended) log: an exit is judged by what this
+        SuperNode wrote, never by an earlier one's refusal still in the log's tail."""
+        offset = log.stat().st_size if log.exists() else 0
+        return start(command, log, state / "flower" / "home"), offset
+
+    node, began = start_node()
     show(f"# {name} joining {options.server}; Flower's log: {log}")
     patience, waiting_since = Patience(MAX_REJOINS), time.time()  # waiting: a SuperNode started, not yet accepted
     accepted = state / "flower" / f"accepted-by-{options.server.replace(':', '_').replace('/', '_')}"
@@ -366,17 +390,17 @@ def join(options: JoinOptions, show=print) -> int:
             if patience.in_refusal_streak and not reachable(options.server):
                 patience.unreachable(time.time())  # a server restarting: its refusals start a new streak
             if node.poll() is not None:
-                text = tail(log, 40)
-                if "2004" in text or "No SuperNode found with the given public key" in text:
+                reason = exit_reason(written_since(log, began))
+                if reason == "refused":
                     # Flower says the same when the key is unknown and when this machine's earlier session (before a
                     # crash) still counts as online there, until its heartbeats are missed (about a minute)
                     if patience.refused(time.time(), REJOIN_PATIENCE if accepted.exists() else REFUSAL_PATIENCE):
                         raise CheckFailed(f"the server refused {name}: its public key is not registered there "
                                           "(start the server with --keys holding this machine's nodes/NAME.pub)")
                     time.sleep(3.0)
-                    node = start(command, log, state / "flower" / "home")
+                    node, began = start_node()
                     continue
-                if "CERTIFICATE_VERIFY_FAILED" in text:
+                if reason == "untrusted":
                     raise CheckFailed(f"{name} does not trust the server's certificate: --keys must hold the ca.crt "
                                       "of the server's `hitoban federate keys` folder")
                 if patience.lost():
@@ -384,7 +408,7 @@ def join(options: JoinOptions, show=print) -> int:
                                        f"accepted (exit {node.returncode}):\n{tail(log)}")
                 show(f"# lost the server (Flower's SuperNode exited {node.returncode}); joining again in 5 s")
                 time.sleep(5.0)
-                node, waiting_since = start(command, log, state / "flower" / "home"), time.time()
+                (node, began), waiting_since = start_node(), time.time()
             time.sleep(1.0)
     finally:
         stop(node)

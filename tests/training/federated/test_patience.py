@@ -106,3 +106,32 @@ def test_a_flower_command_that_hangs_is_a_named_failure_not_a_traceback(tmp_path
     flower.cli_timeout = 0.5
     with pytest.raises(launch.FlowerFailed, match=r"flwr ls hitoban did not answer in 0.5 s"):
         flower.cli("ls", launch.CONNECTION)
+
+
+REFUSED_SESSION = """INFO :      Starting Flower SuperNode
+ERROR :     Exit Code: 305
+Failed to initialize the connection to the SuperLink.
+[code: 2004] Failed to activate SuperNode.
+"""
+LOST_SESSION = """INFO :      Starting Flower SuperNode
+INFO :      SuperNode ID: 16532004671739510736
+INFO :      Receiving: train message (ID: 189ae2004cbb589e8dab7ef55536a434c73f1017e1ef940ad73daf4bfbe81d80ae)
+httpx.HTTPStatusError: Client error '401 Unauthorized' for url 'https://127.0.0.1:46013/v1/fleet/send-node-heartbeat'
+INFO :      SuperNode terminated gracefully.
+"""
+
+
+def test_an_exit_is_judged_by_what_that_supernode_wrote(tmp_path):
+    """The log is appended across a machine's SuperNodes: a refusal of an earlier one still in the tail (and the
+    digits 2004 inside a node or message id) must not make a lost server look like a refused key."""
+    from hitoban.training.federated.launch import exit_reason, tail, written_since
+
+    log = tmp_path / "supernode.log"
+    log.write_text(REFUSED_SESSION)
+    assert exit_reason(written_since(log, 0)) == "refused"
+    began = log.stat().st_size
+    with open(log, "a") as f:
+        f.write(LOST_SESSION)
+    assert exit_reason(written_since(log, began)) == "lost"
+    assert exit_reason(tail(log, 40)) == "refused"  # the control: what the tail of the whole log said before
+    assert exit_reason("ssl.SSLCertVerificationError: [SSL: CERTIFICATE_VERIFY_FAILED]") == "untrusted"
