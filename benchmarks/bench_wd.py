@@ -15,6 +15,7 @@ of held-out literature and web bits/char; the optimum is the vertex of a parabol
 point and its neighbours (the grid widens by 4x past an edge that wins).
 
     python benchmarks/bench_wd.py --width 256 --steps 200 800 --grid 0.025 0.1 0.4 1.6 --out bench-wd
+    python benchmarks/bench_wd.py --width 256 --steps 800 --grid 0.1 0.4 1.6 --out bench-wd   # adds a length
     python benchmarks/bench_wd.py --from benchmarks/results/wd-steps-2026-12-06/bench_wd.json --out /tmp/wd
 """
 
@@ -85,7 +86,7 @@ def report(saved: dict) -> list[str]:
         passes = steps * BATCH * CONTEXT / train_tokens
         lines.append(f"| {steps} | {passes:.2f} | {tried} | {row['optimum']:.3g}{where} "
                      f"| {exponent(steps, lr, row['optimum']):.3g} | {exponent(steps, lr, DEFAULT_WD):.3g} | "
-                     f"{saved['machine']} | {saved['date']} | `{saved['command']}` |")
+                     f"{row['machine']} | {row['date']} | `{row['command']}` |")
     rows = [r for r in saved["rows"] if r["inside_grid"]]
     if len(rows) >= 2:
         first, last = rows[0], rows[-1]
@@ -114,11 +115,17 @@ def main() -> None:
         saved = json.loads(Path(args.saved).read_text())
     else:
         shards, domains = prepare(pick_corpus(args.corpus)[0], out / "data")
-        rows = [sweep_length(shards, domains, out, args.width, steps, args.grid, args.seed)
-                for steps in sorted(args.steps)]
+        stamp = provenance.stamp()
+        rows = {steps: {**sweep_length(shards, domains, out, args.width, steps, args.grid, args.seed), **stamp}
+                for steps in sorted(args.steps)}
+        earlier = out / "bench_wd.json"  # other lengths of the same sweep, saved by an earlier call: kept
+        if earlier.exists():
+            before = json.loads(earlier.read_text())
+            if (before["width"], before["seed"]) == (args.width, args.seed):
+                rows = {**{row["steps"]: row for row in before["rows"]}, **rows}
         saved = {"width": args.width, "lr": lr_for_width(args.width), "seed": args.seed,
-                 "train_tokens": load_index(shards)["splits"]["train"]["tokens"], "rows": rows,
-                 **provenance.stamp()}
+                 "train_tokens": load_index(shards)["splits"]["train"]["tokens"],
+                 "rows": [rows[steps] for steps in sorted(rows)]}
     lines = report(saved)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_wd.json").write_text(json.dumps(saved, indent=2))

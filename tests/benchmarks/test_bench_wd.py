@@ -1,0 +1,46 @@
+"""benchmarks/bench_wd.py's arithmetic against its definition: how much the decay alone shrinks a weight over a run
+(steps x peak lr x wd x the schedule's mean fraction of the peak), computed here from the schedule's shape."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from conftest import REPO
+
+
+@pytest.fixture
+def bench_wd(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import bench_wd
+
+    return bench_wd
+
+
+@pytest.mark.parametrize("steps", [200, 800, 10_000, 22_460])
+def test_the_decay_exponent_is_steps_times_lr_times_wd_times_the_schedules_mean(bench_wd, steps):
+    """WSD as these runs have it: a warmup over 2% of the steps from 2% of the peak, the peak held, a linear
+    warmdown over the last 20% to 10% of the peak. Its mean, by the areas of its three pieces: 0.02 x 0.51 + 0.78 +
+    0.2 x 0.55."""
+    mean = 0.02 * (0.02 + 1) / 2 + 0.78 * 1.0 + 0.2 * (1 + 0.1) / 2
+    assert bench_wd.mean_lr_fraction(steps) == pytest.approx(mean, abs=0.01)
+    assert bench_wd.exponent(steps, 0.0127, 0.1) == pytest.approx(steps * 0.0127 * 0.1 * mean, rel=0.01)
+    shrink = math.exp(-bench_wd.exponent(steps, 0.0127, 0.1))  # what the default's decay leaves of a weight
+    assert (shrink > 0.5) == (steps < 600)  # a sweep run barely decays; a night decays almost everything
+
+
+SAVED = REPO / "benchmarks" / "results" / "wd-steps-2026-12-06"
+
+
+def test_the_saved_sweep_reprints_as_committed_and_says_what_the_page_says(bench_wd):
+    """docs/benchmarks.md's weight-decay table is this report of the committed sweep; the page's reading of it: the
+    optimum did not move 4x lower from 200 to 800 steps, as the timescale rule (lr x wd x steps fixed) predicts."""
+    import json
+
+    saved = json.loads((SAVED / "bench_wd.json").read_text())
+    assert bench_wd.report(saved) == (SAVED / "bench_wd.md").read_text().splitlines()
+    optimum = {row["steps"]: row["optimum"] for row in saved["rows"] if row["inside_grid"]}
+    assert set(optimum) == {200, 800}
+    assert optimum[800] / optimum[200] > 0.5  # the rule's prediction is 0.25
+    tokens = [r["steps"] * bench_wd.BATCH * bench_wd.CONTEXT for r in saved["rows"]]
+    assert max(tokens) < saved["train_tokens"]  # under one pass: the night's regime
