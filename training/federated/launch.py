@@ -328,6 +328,19 @@ def machine_keys(options: JoinOptions, name: str) -> tuple[Path, Path] | None:
     return folder / "ca.crt", folder / "node.key"
 
 
+def supernode_command(options: JoinOptions, name: str, keys: tuple[Path, Path] | None, state: Path) -> list[str]:
+    """Flower's SuperNode for this machine: its node config (what the ClientApp reads: name, data, state, device
+    choices, key) and, with keys, TLS and the key it authenticates with."""
+    node_config = " ".join(f"{k}={json.dumps(v)}" for k, v in {
+        "name": name, "data": str(Path(options.data).resolve()), "state": str(state.resolve()),
+        "cpu": options.cpu, "precision": options.precision, "grad-accum": options.grad_accum,
+        "memory-cap-gb": options.memory_cap_gb or 0, "key": str(keys[1].resolve()) if keys else ""}.items())
+    command = [str(BIN / "flower-supernode"), "--superlink", options.server, "--host", "127.0.0.1", "--port",
+               str(free_port()), "--node-config", node_config]
+    return command + (["--root-certificates", str(keys[0].resolve()), "--auth-supernode-private-key",
+                       str(keys[1].resolve())] if keys else ["--insecure"])
+
+
 def join(options: JoinOptions, show=print) -> int:
     """This machine trains the server's tasks until the run is over (or Ctrl-C). Returns the exit code."""
     from hitoban.training.data.shards import verify_shards
@@ -349,15 +362,7 @@ def join(options: JoinOptions, show=print) -> int:
     shard_digests(Path(options.data), state, verified=True)  # cached: the first task then starts at once
     for word in (DONE_FILE, REFUSED_FILE):  # the server's word from an earlier session
         (state / word).unlink(missing_ok=True)
-    node_config = " ".join(f"{k}={json.dumps(v)}" for k, v in {
-        "name": name, "data": str(Path(options.data).resolve()), "state": str(state.resolve()),
-        "cpu": options.cpu, "precision": options.precision, "grad-accum": options.grad_accum,
-        "memory-cap-gb": options.memory_cap_gb or 0, "key": str(keys[1].resolve()) if keys else ""}.items())
-    command = [str(BIN / "flower-supernode"), "--superlink", options.server, "--host", "127.0.0.1", "--port",
-               str(free_port()), "--node-config", node_config]
-    command += (["--root-certificates", str(keys[0].resolve()), "--auth-supernode-private-key", str(keys[1].resolve())]
-                if keys else
-                ["--insecure"])
+    command = supernode_command(options, name, keys, state)
     log = state / "flower" / "supernode.log"
     follow = Follow(log, show, keep=lambda line: "hitoban:" in line)
 
