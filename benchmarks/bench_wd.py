@@ -22,6 +22,7 @@ point and its neighbours (the grid widens by 4x past an edge that wins).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -33,10 +34,10 @@ from bench_night import prepare
 from corpora import pick_corpus
 
 from hitoban.training.data.shards import load_index
-from hitoban.training.optimizer import lr_for_width
+from hitoban.training.optimizer import OptimizerOptions, lr_for_width
 from hitoban.training.schedule import ScheduleOptions
 
-DEFAULT_WD = 0.1  # `hitoban pretrain --weight-decay`'s default (training/optimizer.py)
+DEFAULT_WD = {f.name: f.default for f in dataclasses.fields(OptimizerOptions)}["weight_decay"]  # the product's
 
 
 def mean_lr_fraction(steps: int) -> float:
