@@ -33,6 +33,10 @@ RULES: dict[str, re.Pattern] = {
     "home-path": re.compile(r"/(?:Users|home)/[A-Za-z0-9._-]+/"),
     "email": re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b"),
 }
+# Each rule without its word-boundary assertions: it matches wherever the rule does (and more), and Python's re finds
+# a pattern that starts with a literal by a fast search, which a leading \b rules out (a clean 460 kB tokenizer.json:
+# 30 ms for all rules instead of 200). Only a text that one of these matches is read line by line for that rule.
+ANYWHERE = {rule: re.compile(pattern.pattern.replace(r"\b", ""), pattern.flags) for rule, pattern in RULES.items()}
 HISTORY_EXEMPT = {"home-path", "email"}  # commit metadata always has them
 EMAIL_ALLOWED = re.compile(r"@(?:[\w-]+\.)*(?:example\.(?:com|org|net|jp)|users\.noreply\.github\.com)$|"
                            r"@(?:[\w-]+\.)*(?:test|invalid|localhost)$", re.IGNORECASE)
@@ -64,13 +68,18 @@ def mask_secret(secret: str) -> str:
 
 
 def scan_text(text: str, path: str, exempt: set[str] = frozenset()) -> list[Finding]:
+    """Every rule's matches, line by line. A rule whose ANYWHERE pattern matches nowhere in the whole text cannot
+    match in a line of it (no rule anchors on a line's start or end, and a line's neighbours are line breaks, which
+    are not word characters), so the line-by-line pass runs only the rules that may: one search per rule for a clean
+    file (a tokenizer.json, an 8 MiB corpus) instead of one per rule per line."""
+    rules = [(rule, pattern) for rule, pattern in RULES.items() if rule not in exempt and ANYWHERE[rule].search(text)]
     findings = []
+    if not rules:
+        return findings
     for number, line in enumerate(text.splitlines(), 1):
         if any(marker in line for marker in ALLOW_MARKERS):
             continue
-        for rule, pattern in RULES.items():
-            if rule in exempt:
-                continue
+        for rule, pattern in rules:
             for m in pattern.finditer(line):
                 if rule == "email" and EMAIL_ALLOWED.search(m.group(0)):
                     continue
