@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -100,35 +101,50 @@ def vertex(lrs: list[float], scores: list[float]) -> tuple[float, bool]:
     return float(2 ** (-b / (2 * a))), True
 
 
+def grid_search(values: list[float], evaluate: Callable[[float], float], factor: float | None,
+                bounds: tuple[float, float] = (0.0, math.inf)) -> list[float]:
+    """The grid actually evaluated: every value (3 significant digits), then, while the best (lowest score) sits at
+    an edge, one more value `factor` beyond that edge (none when `factor` is None, or past `bounds`). `evaluate` runs
+    once per value."""
+    values, seen = sorted({float(f"{v:.3g}") for v in values}), {}
+    while True:
+        for value in values:
+            if value not in seen:
+                seen[value] = evaluate(value)
+        best = int(np.argmin([seen[v] for v in values]))
+        if factor is None or best not in (0, len(values) - 1):
+            return values
+        beyond = float(f"{values[0] / factor:.3g}") if best == 0 else float(f"{values[-1] * factor:.3g}")
+        if not bounds[0] <= beyond <= bounds[1]:
+            return values
+        values = sorted(values + [beyond])
+
+
 def sweep(shards: Path, domains: dict, out: Path, label: str, preset: str, overrides: dict, lrs: list[float],
           steps: int, widen: bool, group: str = "muon", seeds: tuple[int, ...] = (1234,)) -> dict:
     """Train at every lr of `group` at every seed (and one more lr beyond an edge that wins, when `widen`), score
     (the seeds' mean), find the optimum. Sweeping AdamW's group, Muon runs at its rule's lr for the width (what the
     product would give it)."""
-    lrs = sorted(float(f"{lr:.3g}") for lr in lrs)
     width = overrides["hidden_size"]
     scores: dict[float, dict] = {}
-    while True:
-        for lr in lrs:
-            if lr not in scores:
-                rates = {"--lr": lr} if group == "muon" else {"--lr": lr_for_width(width), "--adamw-lr": lr}
-                runs = []
-                for seed in seeds:  # pretrain's default seed keeps the folder name of sweeps made before --seeds
-                    folder = out / "runs" / (f"{label}-lr{lr:g}" + ("" if seed == DEFAULT_SEED else f"-s{seed}"))
-                    seconds = train(shards, folder, preset, overrides, {**rates, "--seed": seed}, steps)
-                    runs.append({"seconds": seconds, **scored(folder, domains, out)})
-                scores[lr] = {key: round(float(np.mean([r[key] for r in runs])), 4 if key in domains else 1)
-                              for key in ("seconds", *domains)}
-                per_seed = [sum(r[d] for d in domains) / len(domains) for r in runs]
-                scores[lr]["mean"] = round(float(np.mean(per_seed)), 4)
-                if len(seeds) > 1:
-                    scores[lr]["seeds"] = {str(seed): round(m, 4) for seed, m in zip(seeds, per_seed)}
-                print(f"{label} lr {lr:g}: {scores[lr]}", flush=True)
-        means = [scores[lr]["mean"] for lr in lrs]
-        best = int(np.argmin(means))
-        if not widen or best not in (0, len(lrs) - 1):
-            break
-        lrs = [float(f"{lrs[0] / 2:.3g}")] + lrs if best == 0 else lrs + [float(f"{lrs[-1] * 2:.3g}")]
+
+    def evaluate(lr: float) -> float:
+        rates = {"--lr": lr} if group == "muon" else {"--lr": lr_for_width(width), "--adamw-lr": lr}
+        runs = []
+        for seed in seeds:  # pretrain's default seed keeps the folder name of sweeps made before --seeds
+            folder = out / "runs" / (f"{label}-lr{lr:g}" + ("" if seed == DEFAULT_SEED else f"-s{seed}"))
+            seconds = train(shards, folder, preset, overrides, {**rates, "--seed": seed}, steps)
+            runs.append({"seconds": seconds, **scored(folder, domains, out)})
+        scores[lr] = {key: round(float(np.mean([r[key] for r in runs])), 4 if key in domains else 1)
+                      for key in ("seconds", *domains)}
+        per_seed = [sum(r[d] for d in domains) / len(domains) for r in runs]
+        scores[lr]["mean"] = round(float(np.mean(per_seed)), 4)
+        if len(seeds) > 1:
+            scores[lr]["seeds"] = {str(seed): round(m, 4) for seed, m in zip(seeds, per_seed)}
+        print(f"{label} lr {lr:g}: {scores[lr]}", flush=True)
+        return scores[lr]["mean"]
+
+    lrs = grid_search(lrs, evaluate, factor=2 if widen else None)
     optimum, inside = vertex(lrs, [scores[lr]["mean"] for lr in lrs])
     return {"label": label, "overrides": overrides, "steps": steps, "group": group,
             "grid": {f"{lr:g}": scores[lr] for lr in lrs}, "optimum": optimum, "inside_grid": inside}

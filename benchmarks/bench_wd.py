@@ -21,20 +21,13 @@ point and its neighbours (the grid widens by 4x past an edge that wins).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
-import math
-from pathlib import Path
 
-import numpy as np
-import provenance
-from bench_lr import BATCH, CONTEXT, scored, shape, train, vertex
-from bench_night import prepare
-from corpora import pick_corpus
+import run_lengths
+from bench_lr import BATCH, CONTEXT
+from run_lengths import Knob, length_exponent, tried
 
-from hitoban.training.data.shards import load_index
-from hitoban.training.optimizer import OptimizerOptions, lr_for_width
+from hitoban.training.optimizer import OptimizerOptions
 from hitoban.training.schedule import ScheduleOptions
 
 DEFAULT_WD = {f.name: f.default for f in dataclasses.fields(OptimizerOptions)}["weight_decay"]  # the product's
@@ -52,27 +45,6 @@ def exponent(steps: int, lr: float, wd: float) -> float:
     return steps * lr * wd * mean_lr_fraction(steps)
 
 
-def sweep_length(shards: Path, domains: dict, out: Path, width: int, steps: int, grid: list[float],
-                 seed: int) -> dict:
-    wds, scores = sorted(grid), {}
-    while True:
-        for wd in wds:
-            if wd not in scores:
-                folder = out / "runs" / f"w{width}-s{steps}-wd{wd:g}"
-                seconds = train(shards, folder, "small", shape(width), {"--weight-decay": wd, "--warmup-steps": 0,
-                                                                       "--seed": seed}, steps)
-                bpc = scored(folder, domains, out)
-                scores[wd] = {"seconds": round(seconds, 1), **{d: round(v, 4) for d, v in bpc.items()},
-                              "mean": round(sum(bpc.values()) / len(bpc), 4)}
-                print(f"w{width} {steps} steps, wd {wd:g}: {scores[wd]}", flush=True)
-        best = int(np.argmin([scores[wd]["mean"] for wd in wds]))
-        if best not in (0, len(wds) - 1):
-            break
-        wds = [float(f"{wds[0] / 4:.3g}")] + wds if best == 0 else wds + [float(f"{wds[-1] * 4:.3g}")]
-    optimum, inside = vertex(wds, [scores[wd]["mean"] for wd in wds])
-    return {"steps": steps, "grid": {f"{wd:g}": scores[wd] for wd in wds}, "optimum": optimum, "inside_grid": inside}
-
-
 def report(saved: dict) -> list[str]:
     width, lr, train_tokens = saved["width"], saved["lr"], saved["train_tokens"]
     lines = [f"Weight decay across run lengths at width {width} (Muon lr {lr:g}, its rule), {BATCH} x {CONTEXT} tokens "
@@ -81,57 +53,27 @@ def report(saved: dict) -> list[str]:
              f"{DEFAULT_WD:g}'s exponent | machine | date | command |", "|---|---|---|---|---|---|---|---|---|"]
     for row in saved["rows"]:
         steps = row["steps"]
-        tried = "; ".join(f"{wd}: {s['mean']:.3f} ({s['literature']:.3f}, {s['web']:.3f})"
-                          for wd, s in row["grid"].items())
         where = "" if row["inside_grid"] else " (grid edge)"
         passes = steps * BATCH * CONTEXT / train_tokens
-        lines.append(f"| {steps} | {passes:.2f} | {tried} | {row['optimum']:.3g}{where} "
+        lines.append(f"| {steps} | {passes:.2f} | {tried(row)} | {row['optimum']:.3g}{where} "
                      f"| {exponent(steps, lr, row['optimum']):.3g} | {exponent(steps, lr, DEFAULT_WD):.3g} | "
                      f"{row['machine']} | {row['date']} | `{row['command']}` |")
-    rows = [r for r in saved["rows"] if r["inside_grid"]]
-    if len(rows) >= 2:
-        first, last = rows[0], rows[-1]
-        measured = math.log(first["optimum"] / last["optimum"]) / math.log(last["steps"] / first["steps"])
-        lines += ["", f"The optimum wd scales as steps ^ -{measured:.2f} between {first['steps']} and "
+    fitted = length_exponent(saved["rows"])
+    if fitted:
+        first, last, k = fitted
+        lines += ["", f"The optimum wd scales as steps ^ {k:.2f} between {first['steps']} and "
                       f"{last['steps']} steps (the timescale rule predicts steps ^ -1, a constant wd steps ^ 0)."]
     else:
         lines += ["", "Fewer than two lengths have an optimum inside their grid: no exponent is fitted."]
     return lines
 
 
+WEIGHT_DECAY = Knob("--weight-decay", "wd", fixed={"--warmup-steps": 0}, factor=4)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--width", type=int, default=256, help="hidden size (depth 4, the small shape)")
-    parser.add_argument("--steps", type=int, nargs="+", default=[200, 800], help="run lengths, steps of 16 x 256")
-    parser.add_argument("--grid", type=float, nargs="+", default=[0.025, 0.1, 0.4, 1.6],
-                        help="weight decays tried at every length (widened by 4x past an edge that wins)")
-    parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--corpus", help="corpus folder (default: the larger corpus if present, else tests/corpus)")
-    parser.add_argument("--out", default="bench-wd")
-    parser.add_argument("--from", dest="saved", metavar="BENCH_WD_JSON",
-                        help="no training: report the sweep saved in this bench_wd.json")
-    args = parser.parse_args()
-    out = Path(args.out)
-    if args.saved:
-        saved = json.loads(Path(args.saved).read_text())
-    else:
-        shards, domains = prepare(pick_corpus(args.corpus)[0], out / "data")
-        stamp = provenance.stamp()
-        rows = {steps: {**sweep_length(shards, domains, out, args.width, steps, args.grid, args.seed), **stamp}
-                for steps in sorted(args.steps)}
-        earlier = out / "bench_wd.json"  # other lengths of the same sweep, saved by an earlier call: kept
-        if earlier.exists():
-            before = json.loads(earlier.read_text())
-            if (before["width"], before["seed"]) == (args.width, args.seed):
-                rows = {**{row["steps"]: row for row in before["rows"]}, **rows}
-        saved = {"width": args.width, "lr": lr_for_width(args.width), "seed": args.seed,
-                 "train_tokens": load_index(shards)["splits"]["train"]["tokens"],
-                 "rows": [rows[steps] for steps in sorted(rows)]}
-    lines = report(saved)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_wd.json").write_text(json.dumps(saved, indent=2))
-    (out / "bench_wd.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    run_lengths.main(__doc__, WEIGHT_DECAY, "bench_wd", [0.025, 0.1, 0.4, 1.6],
+                     "weight decays tried at every length (widened by 4x past an edge that wins)", report)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,63 @@
+"""Warmup across run lengths: does the best warmup stay a number of steps (the product's floor, `--warmup-steps`
+100) or a share of the run (`--warmup-frac` 2%)? The product's rule is the larger of the two, so a sweep run of 200
+steps warms up for half its length and a night of 22,460 steps for 449 steps; which term should govern is measured
+here, at one width, at each `--steps`, in the night's regime (under one pass over the training text; the passes are
+printed).
+
+Every run is run_lengths.py's (`hitoban pretrain` at the `small` shape with the width replaced, Muon and AdamW's group
+at their lr rules, the default weight decay) with `--warmup-frac 0`, so the warmup is exactly `--warmup-steps`, from
+2% of the peak. At 2% of the run (4 steps of 200, 16 of 800) a run is the same schedule as bench_wd.py's run at the
+default decay. Scored by the mean of held-out literature and web bits/char; the optimum is the vertex of a parabola in
+log2(steps) through the best grid point and its neighbours (the grid widens by 4x past an edge that wins, from 1
+step to half the run).
+
+    python benchmarks/bench_warmup.py --width 256 --steps 200 800 --grid 1 4 16 64 --out bench-warmup
+    python benchmarks/bench_warmup.py --from benchmarks/results/warmup-steps-2026-12-06/bench_warmup.json --out /tmp/wu
+"""
+
+from __future__ import annotations
+
+import run_lengths
+from bench_lr import BATCH, CONTEXT
+from run_lengths import Knob, length_exponent, tried
+
+from hitoban.training.schedule import ScheduleOptions
+
+WARMUP = Knob("--warmup-steps", "wu", fixed={"--warmup-frac": 0}, factor=4, bounds=lambda steps: (1, steps // 2))
+
+
+def product_warmup(steps: int) -> int:
+    """The warmup the product's defaults give a run of `steps` (max(100 steps, 2%), below the run's length)."""
+    return ScheduleOptions().schedule_for(1.0, steps).warmup
+
+
+def report(saved: dict) -> list[str]:
+    width, lr, train_tokens = saved["width"], saved["lr"], saved["train_tokens"]
+    lines = [f"Warmup across run lengths at width {width} (Muon lr {lr:g}, its rule), {BATCH} x {CONTEXT} tokens a "
+             f"step, {train_tokens:,} training tokens; score: mean held-out bits/char (literature, web).", "",
+             "| steps | passes | warmup steps tried: mean (literature, web) | optimum warmup | its share of the run "
+             "| the product's warmup | machine | date | command |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in saved["rows"]:
+        steps = row["steps"]
+        where = "" if row["inside_grid"] else " (grid edge)"
+        lines.append(f"| {steps} | {steps * BATCH * CONTEXT / train_tokens:.2f} | {tried(row)} | "
+                     f"{row['optimum']:.3g}{where} | {row['optimum'] / steps:.1%} | {product_warmup(steps)} | "
+                     f"{row['machine']} | {row['date']} | `{row['command']}` |")
+    fitted = length_exponent(saved["rows"])
+    if fitted:
+        first, last, k = fitted
+        lines += ["", f"The optimum warmup scales as steps ^ {k:.2f} between {first['steps']} and {last['steps']} "
+                      "steps (a fixed number of steps is steps ^ 0, a fixed share of the run steps ^ 1)."]
+    else:
+        lines += ["", "Fewer than two lengths have an optimum inside their grid: no exponent is fitted."]
+    return lines
+
+
+def main() -> None:
+    run_lengths.main(__doc__, WARMUP, "bench_warmup", [1, 4, 16, 64],
+                     "warmup steps tried at every length (widened by 4x past an edge that wins, up to half the run)",
+                     report)
+
+
+if __name__ == "__main__":
+    main()

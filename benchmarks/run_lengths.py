@@ -1,0 +1,130 @@
+"""One option of `hitoban pretrain` swept at several run lengths, at one width, in the night's regime (under one pass
+over the training text): the shared half of bench_wd.py and bench_warmup.py, which ask of one option each whether its
+best value stays put or follows the run's length.
+
+Every run is bench_lr.py's (`hitoban pretrain` at the `small` shape with the width replaced, Muon and AdamW's group at
+their lr rules) at each of `--seeds` (a seed's points are paired: the same initialisation and batches), scored by
+the mean of held-out literature and web bits/char. The optimum is the vertex of a parabola in log2(value) through the
+best grid point and its neighbours; the grid widens by `factor` past an edge that wins, within the option's bounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import provenance
+from bench_lr import DEFAULT_SEED, grid_search, scored, shape, train, vertex
+from bench_night import prepare
+from corpora import pick_corpus
+
+from hitoban.training.data.shards import load_index
+from hitoban.training.optimizer import lr_for_width
+
+
+@dataclass(frozen=True)
+class Knob:
+    """The option swept: its flag, the run folders' tag, the flags every run of the sweep also gets, the grid's
+    widening factor and the bounds (a function of the run's steps) it may widen within."""
+
+    flag: str
+    tag: str
+    fixed: dict = field(default_factory=dict)
+    factor: float = 4.0
+    bounds: Callable[[int], tuple[float, float]] = lambda steps: (0.0, math.inf)
+
+
+def sweep_length(shards: Path, domains: dict, out: Path, width: int, steps: int, knob: Knob, grid: list[float],
+                 seeds: list[int]) -> dict:
+    """One length's grid at every seed; a value's score is its seeds' mean (each seed's kept where there are
+    several: the points of one seed are paired, the seeds show how far a difference between points is noise)."""
+    scores: dict[float, dict] = {}
+
+    def evaluate(value: float) -> float:
+        runs = []
+        for seed in seeds:  # pretrain's default seed keeps the folder names of sweeps made before --seeds
+            folder = out / "runs" / (f"w{width}-s{steps}-{knob.tag}{value:g}" + ("" if seed == DEFAULT_SEED else
+                                                                                f"-s{seed}"))
+            seconds = train(shards, folder, "small", shape(width), {knob.flag: value, **knob.fixed, "--seed": seed},
+                            steps)
+            runs.append({"seconds": seconds, **scored(folder, domains, out)})
+        per_seed = [sum(r[d] for d in domains) / len(domains) for r in runs]
+        scores[value] = {"seconds": round(sum(r["seconds"] for r in runs) / len(runs), 1),
+                         **{d: round(sum(r[d] for r in runs) / len(runs), 4) for d in domains},
+                         "mean": round(sum(per_seed) / len(per_seed), 4)}
+        if len(seeds) > 1:
+            scores[value]["seeds"] = {str(seed): round(m, 4) for seed, m in zip(seeds, per_seed)}
+        print(f"w{width} {steps} steps, {knob.flag} {value:g}: {scores[value]}", flush=True)
+        return scores[value]["mean"]
+
+    values = grid_search(grid, evaluate, knob.factor, knob.bounds(steps))
+    optimum, inside = vertex(values, [scores[v]["mean"] for v in values])
+    return {"steps": steps, "seeds": seeds, "grid": {f"{v:g}": scores[v] for v in values}, "optimum": optimum,
+            "inside_grid": inside}
+
+
+def sweep(args: argparse.Namespace, knob: Knob, out: Path, name: str) -> dict:
+    """Every length of `args.steps` swept; the lengths an earlier call saved in `out`/`name`.json (same width) kept
+    with their own seeds, machine, date and command."""
+    shards, domains = prepare(pick_corpus(args.corpus)[0], out / "data")
+    stamp = provenance.stamp()
+    rows = {steps: {**sweep_length(shards, domains, out, args.width, steps, knob, args.grid, args.seeds), **stamp}
+            for steps in sorted(args.steps)}
+    earlier = out / f"{name}.json"
+    if earlier.exists():
+        before = json.loads(earlier.read_text())
+        if before["width"] == args.width:
+            rows = {**{row["steps"]: row for row in before["rows"]}, **rows}
+    return {"width": args.width, "lr": lr_for_width(args.width),
+            "train_tokens": load_index(shards)["splits"]["train"]["tokens"],
+            "rows": [rows[steps] for steps in sorted(rows)]}
+
+
+def tried(row: dict) -> str:
+    """A row's grid as the results table shows it: value: mean (literature, web), and each seed's mean where there
+    are several."""
+    def point(value: str, s: dict) -> str:
+        seeds = " [" + ", ".join(f"seed {k}: {m:.3f}" for k, m in s["seeds"].items()) + "]" if "seeds" in s else ""
+        return f"{value}: {s['mean']:.3f} ({s['literature']:.3f}, {s['web']:.3f}){seeds}"
+
+    return "; ".join(point(value, s) for value, s in row["grid"].items())
+
+
+def length_exponent(rows: list[dict]) -> tuple[dict, dict, float] | None:
+    """(first row, last row, k) with the optimum ~ steps ^ k between the shortest and longest lengths whose optimum
+    lies inside their grid; None below two such lengths."""
+    inside = [r for r in rows if r["inside_grid"]]
+    if len(inside) < 2:
+        return None
+    first, last = inside[0], inside[-1]
+    return first, last, math.log(last["optimum"] / first["optimum"]) / math.log(last["steps"] / first["steps"])
+
+
+def arguments(doc: str, grid: list[float], grid_help: str, out: str, name: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--width", type=int, default=256, help="hidden size (depth 4, the small shape)")
+    parser.add_argument("--steps", type=int, nargs="+", default=[200, 800], help="run lengths, steps of 16 x 256")
+    parser.add_argument("--grid", type=float, nargs="+", default=grid, help=grid_help)
+    parser.add_argument("--seeds", "--seed", type=int, nargs="+", default=[DEFAULT_SEED], help="train every grid "
+                        "point at each seed (initialisation and batches); a point's score is their mean")
+    parser.add_argument("--corpus", help="corpus folder (default: the larger corpus if present, else tests/corpus)")
+    parser.add_argument("--out", default=out)
+    parser.add_argument("--from", dest="saved", metavar=f"{name.upper()}_JSON",
+                        help=f"no training: report the sweep saved in this {name}.json")
+    return parser.parse_args()
+
+
+def main(doc: str, knob: Knob, name: str, grid: list[float], grid_help: str, report: Callable[[dict], list[str]]
+         ) -> None:
+    args = arguments(doc, grid, grid_help, name.replace("_", "-"), name)
+    out = Path(args.out)
+    saved = json.loads(Path(args.saved).read_text()) if args.saved else sweep(args, knob, out, name)
+    lines = report(saved)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(saved, indent=2))
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))

@@ -1,0 +1,110 @@
+"""The sweeps' shared parts against their definitions: the grid search that widens past a winning edge
+(bench_lr.grid_search, used by every lr, weight-decay and warmup sweep), and bench_warmup.py's claims about the
+schedules it compares."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from conftest import REPO
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+
+@pytest.fixture(scope="module")
+def benchmarks():
+    with pytest.MonkeyPatch.context() as patch:  # module-scoped: hypothesis reruns a test, not its fixtures
+        patch.syspath_prepend(str(REPO / "benchmarks"))
+        import bench_lr
+        import bench_warmup
+
+        yield bench_lr, bench_warmup
+
+
+@settings(max_examples=200, deadline=None)
+@given(start=st.lists(st.sampled_from([2.0 ** k for k in range(-3, 4)]), min_size=1, max_size=4, unique=True),
+       optimum=st.floats(2 ** -12, 2 ** 12), factor=st.sampled_from([2.0, 4.0, None]),
+       bounds=st.sampled_from([(0.0, math.inf), (1.0, 64.0), (0.01, 8.0)]))
+def test_the_grid_search_ends_with_the_best_inside_or_where_it_may_not_widen(benchmarks, start, optimum, factor,
+                                                                            bounds):
+    """Scores |log2(value / optimum)|: the definition of the grid it must end with is computed here, step by step,
+    from the start grid; and every value is evaluated exactly once."""
+    bench_lr, _ = benchmarks
+    calls: list[float] = []
+
+    def score(value: float) -> float:
+        calls.append(value)
+        return abs(math.log2(value / optimum))
+
+    got = bench_lr.grid_search(start, score, factor, bounds)
+    expected = sorted(float(f"{v:.3g}") for v in start)
+    while factor is not None:
+        scores = [abs(math.log2(v / optimum)) for v in expected]
+        best = scores.index(min(scores))
+        if 0 < best < len(expected) - 1:
+            break
+        beyond = float(f"{(expected[0] / factor if best == 0 else expected[-1] * factor):.3g}")
+        if not bounds[0] <= beyond <= bounds[1]:
+            break
+        expected = sorted(expected + [beyond])
+    assert got == expected
+    assert sorted(calls) == expected  # once each
+    scores = [abs(math.log2(v / optimum)) for v in got]
+    best = scores.index(min(scores))
+    if factor is not None and best in (0, len(got) - 1) and len(got) > 1:  # stopped at an edge: only by the bounds
+        beyond = got[0] / factor if best == 0 else got[-1] * factor
+        assert not bounds[0] <= float(f"{beyond:.3g}") <= bounds[1]
+
+
+def test_a_grid_that_brackets_the_optimum_is_not_widened_and_one_that_misses_it_is(benchmarks):
+    bench_lr, _ = benchmarks
+    bowl = lambda value: (math.log2(value) - math.log2(20)) ** 2  # noqa: E731 - optimum 20
+    assert bench_lr.grid_search([4, 16, 64], bowl, 4) == [4, 16, 64]
+    assert bench_lr.grid_search([1, 4], bowl, 4) == [1, 4, 16, 64]
+    assert bench_lr.grid_search([1, 4], bowl, None) == [1, 4]
+    assert bench_lr.grid_search([1, 4], bowl, 4, bounds=(1, 10)) == [1, 4]  # 16 is past the bound
+
+
+@pytest.mark.parametrize("steps", [200, 800, 5_000, 22_460])
+def test_the_products_warmup_is_the_larger_of_100_steps_and_2_percent(benchmarks, steps):
+    _, bench_warmup = benchmarks
+    assert bench_warmup.product_warmup(steps) == max(100, int(0.02 * steps))
+
+
+@pytest.mark.parametrize("steps", [200, 800])
+def test_a_two_percent_warmup_run_is_the_same_schedule_as_bench_wds_run_at_the_default_decay(benchmarks, steps):
+    """bench_warmup's docstring: its 2% point (`--warmup-frac 0 --warmup-steps 2%`) and bench_wd's run
+    (`--warmup-steps 0`, the 2% fraction governing) follow one schedule, step for step, so one run serves both."""
+    from hitoban.training.schedule import ScheduleOptions
+
+    _, bench_warmup = benchmarks
+    knob = bench_warmup.WARMUP
+    swept = ScheduleOptions(warmup_steps=steps // 50, warmup_frac=knob.fixed["--warmup-frac"]).schedule_for(1e-2, steps)
+    decay_sweeps = ScheduleOptions(warmup_steps=0).schedule_for(1e-2, steps)
+    assert [swept.lr(i) for i in range(steps)] == [decay_sweeps.lr(i) for i in range(steps)]
+    other = ScheduleOptions(warmup_steps=steps // 25, warmup_frac=0).schedule_for(1e-2, steps)  # control: 4%
+    assert [other.lr(i) for i in range(steps)] != [decay_sweeps.lr(i) for i in range(steps)]
+
+
+WARMUP = REPO / "benchmarks" / "results" / "warmup-steps-2026-12-06"
+DECAY = REPO / "benchmarks" / "results" / "wd-steps-2026-12-06"
+
+
+def test_the_saved_warmup_sweep_reprints_and_its_two_percent_point_is_bench_wds_run(benchmarks):
+    """docs/benchmarks.md's warmup table is this report of the committed sweep. Its 2% point at seed 1234 is bench_wd's
+    run at the default decay, reused (the same schedule, tested above); at seed 7 bench_warmup trained that point
+    itself, and it scores what bench_wd's run scored, to the last digit: the reuse changed nothing."""
+    _, bench_warmup = benchmarks
+    saved = json.loads((WARMUP / "bench_warmup.json").read_text())
+    assert bench_warmup.report(saved) == (WARMUP / "bench_warmup.md").read_text().splitlines()
+    row = next(r for r in saved["rows"] if r["steps"] == 200)
+    decay = next(r for r in json.loads((DECAY / "bench_wd.json").read_text())["rows"] if r["steps"] == 200)
+    assert row["grid"]["4"]["seeds"] == decay["grid"]["0.1"]["seeds"]
+    assert max(r["steps"] * bench_warmup.BATCH * bench_warmup.CONTEXT for r in saved["rows"]) < saved["train_tokens"]
+    # the page's reading: the seeds disagree on the best warmup, and the means of 1, 4 and 16 steps lie within 0.02
+    best = {seed: min(row["grid"], key=lambda v: row["grid"][v]["seeds"][seed]) for seed in ("1234", "7")}
+    assert best["1234"] != best["7"]
+    means = [row["grid"][v]["mean"] for v in ("1", "4", "16")]
+    assert max(means) - min(means) < 0.02
