@@ -18,8 +18,7 @@ step to half the run).
 from __future__ import annotations
 
 import run_lengths
-from bench_lr import BATCH, CONTEXT
-from run_lengths import Knob, length_exponent, tried
+from run_lengths import Knob
 
 from hitoban.training.schedule import ScheduleOptions
 
@@ -32,25 +31,11 @@ def product_warmup(steps: int) -> int:
 
 
 def report(saved: dict) -> list[str]:
-    width, lr, train_tokens = saved["width"], saved["lr"], saved["train_tokens"]
-    lines = [f"Warmup across run lengths at width {width} (Muon lr {lr:g}, its rule), {BATCH} x {CONTEXT} tokens a "
-             f"step, {train_tokens:,} training tokens; score: mean held-out bits/char (literature, web).", "",
-             "| steps | passes | warmup steps tried: mean (literature, web) | optimum warmup | its share of the run "
-             "| the product's warmup | machine | date | command |", "|---|---|---|---|---|---|---|---|---|"]
-    for row in saved["rows"]:
-        steps = row["steps"]
-        where = "" if row["inside_grid"] else " (grid edge)"
-        lines.append(f"| {steps} | {steps * BATCH * CONTEXT / train_tokens:.2f} | {tried(row)} | "
-                     f"{row['optimum']:.3g}{where} | {row['optimum'] / steps:.1%} | {product_warmup(steps)} | "
-                     f"{row['machine']} | {row['date']} | `{row['command']}` |")
-    fitted = length_exponent(saved["rows"])
-    if fitted:
-        first, last, k = fitted
-        lines += ["", f"The optimum warmup scales as steps ^ {k:.2f} between {first['steps']} and {last['steps']} "
-                      "steps (a fixed number of steps is steps ^ 0, a fixed share of the run steps ^ 1)."]
-    else:
-        lines += ["", "Fewer than two lengths have an optimum inside their grid: no exponent is fitted."]
-    return lines
+    return run_lengths.report(
+        saved, "Warmup", "warmup", ["warmup steps tried: mean (literature, web)", "its share of the run",
+                                    "the product's warmup"],
+        lambda row: [f"{row['optimum'] / row['steps']:.1%}", str(product_warmup(row["steps"]))],
+        "a fixed number of steps is steps ^ 0, a fixed share of the run steps ^ 1")
 
 
 def main() -> None:

@@ -24,8 +24,7 @@ from __future__ import annotations
 import dataclasses
 
 import run_lengths
-from bench_lr import BATCH, CONTEXT
-from run_lengths import Knob, length_exponent, tried
+from run_lengths import Knob
 
 from hitoban.training.optimizer import OptimizerOptions
 from hitoban.training.schedule import ScheduleOptions
@@ -46,26 +45,13 @@ def exponent(steps: int, lr: float, wd: float) -> float:
 
 
 def report(saved: dict) -> list[str]:
-    width, lr, train_tokens = saved["width"], saved["lr"], saved["train_tokens"]
-    lines = [f"Weight decay across run lengths at width {width} (Muon lr {lr:g}, its rule), {BATCH} x {CONTEXT} tokens "
-             f"a step, {train_tokens:,} training tokens; score: mean held-out bits/char (literature, web).", "",
-             "| steps | passes | wd tried: mean (literature, web) | optimum wd | its decay exponent | the default "
-             f"{DEFAULT_WD:g}'s exponent | machine | date | command |", "|---|---|---|---|---|---|---|---|---|"]
-    for row in saved["rows"]:
-        steps = row["steps"]
-        where = "" if row["inside_grid"] else " (grid edge)"
-        passes = steps * BATCH * CONTEXT / train_tokens
-        lines.append(f"| {steps} | {passes:.2f} | {tried(row)} | {row['optimum']:.3g}{where} "
-                     f"| {exponent(steps, lr, row['optimum']):.3g} | {exponent(steps, lr, DEFAULT_WD):.3g} | "
-                     f"{row['machine']} | {row['date']} | `{row['command']}` |")
-    fitted = length_exponent(saved["rows"])
-    if fitted:
-        first, last, k = fitted
-        lines += ["", f"The optimum wd scales as steps ^ {k:.2f} between {first['steps']} and "
-                      f"{last['steps']} steps (the timescale rule predicts steps ^ -1, a constant wd steps ^ 0)."]
-    else:
-        lines += ["", "Fewer than two lengths have an optimum inside their grid: no exponent is fitted."]
-    return lines
+    lr = saved["lr"]
+    return run_lengths.report(
+        saved, "Weight decay", "wd", ["wd tried: mean (literature, web)", "its decay exponent",
+                                      f"the default {DEFAULT_WD:g}'s exponent"],
+        lambda row: [f"{exponent(row['steps'], lr, row['optimum']):.3g}",
+                     f"{exponent(row['steps'], lr, DEFAULT_WD):.3g}"],
+        "the timescale rule predicts steps ^ -1, a constant wd steps ^ 0")
 
 
 WEIGHT_DECAY = Knob("--weight-decay", "wd", fixed={"--warmup-steps": 0}, factor=4)

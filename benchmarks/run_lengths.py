@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import provenance
-from bench_lr import DEFAULT_SEED, grid_search, scored, shape, train, vertex
+from bench_lr import BATCH, CONTEXT, DEFAULT_SEED, grid_search, scored, shape, train, vertex
 from bench_night import prepare
 from corpora import pick_corpus
 
@@ -92,6 +92,31 @@ def tried(row: dict) -> str:
         return f"{value}: {s['mean']:.3f} ({s['literature']:.3f}, {s['web']:.3f}){seeds}"
 
     return "; ".join(point(value, s) for value, s in row["grid"].items())
+
+
+def report(saved: dict, title: str, short: str, columns: list[str], cells: Callable[[dict], list[str]],
+           predictions: str) -> list[str]:
+    """The results table of one option's sweep: per length, the passes, the grid, the optimum and the option's own
+    `columns` (`cells` of a row), then how the optimum scales with the run's length against `predictions`."""
+    width, lr, train_tokens = saved["width"], saved["lr"], saved["train_tokens"]
+    headers = ["steps", "passes", f"{columns[0]}", f"optimum {short}", *columns[1:], "machine", "date", "command"]
+    lines = [f"{title} across run lengths at width {width} (Muon lr {lr:g}, its rule), {BATCH} x {CONTEXT} tokens a "
+             f"step, {train_tokens:,} training tokens; score: mean held-out bits/char (literature, web).", "",
+             "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for row in saved["rows"]:
+        steps = row["steps"]
+        where = "" if row["inside_grid"] else " (grid edge)"
+        lines.append("| " + " | ".join([str(steps), f"{steps * BATCH * CONTEXT / train_tokens:.2f}", tried(row),
+                                         f"{row['optimum']:.3g}{where}", *cells(row), row["machine"], row["date"],
+                                         f"`{row['command']}`"]) + " |")
+    fitted = length_exponent(saved["rows"])
+    if fitted:
+        first, last, k = fitted
+        lines += ["", f"The optimum {short} scales as steps ^ {k:.2f} between {first['steps']} and {last['steps']} "
+                      f"steps ({predictions})."]
+    else:
+        lines += ["", "Fewer than two lengths have an optimum inside their grid: no exponent is fitted."]
+    return lines
 
 
 def length_exponent(rows: list[dict]) -> tuple[dict, dict, float] | None:

@@ -42,7 +42,9 @@ def test_the_saved_sweep_reprints_as_committed_and_says_what_the_page_says(bench
     optimum = {row["steps"]: row["optimum"] for row in saved["rows"] if row["inside_grid"]}
     assert set(optimum) == {200, 800}
     assert optimum[800] / optimum[200] > 0.5  # the rule's prediction is 0.25
-    tokens = [r["steps"] * bench_wd.BATCH * bench_wd.CONTEXT for r in saved["rows"]]
+    from bench_lr import BATCH, CONTEXT
+
+    tokens = [r["steps"] * BATCH * CONTEXT for r in saved["rows"]]
     assert max(tokens) < saved["train_tokens"]  # under one pass: the night's regime
 
 

@@ -96,13 +96,13 @@ def test_the_saved_warmup_sweep_reprints_and_its_two_percent_point_is_bench_wds_
     """docs/benchmarks.md's warmup table is this report of the committed sweep. Its 2% point at seed 1234 is bench_wd's
     run at the default decay, reused (the same schedule, tested above); at seed 7 bench_warmup trained that point
     itself, and it scores what bench_wd's run scored, to the last digit: the reuse changed nothing."""
-    _, bench_warmup = benchmarks
+    bench_lr, bench_warmup = benchmarks
     saved = json.loads((WARMUP / "bench_warmup.json").read_text())
     assert bench_warmup.report(saved) == (WARMUP / "bench_warmup.md").read_text().splitlines()
     row = next(r for r in saved["rows"] if r["steps"] == 200)
     decay = next(r for r in json.loads((DECAY / "bench_wd.json").read_text())["rows"] if r["steps"] == 200)
     assert row["grid"]["4"]["seeds"] == decay["grid"]["0.1"]["seeds"]
-    assert max(r["steps"] * bench_warmup.BATCH * bench_warmup.CONTEXT for r in saved["rows"]) < saved["train_tokens"]
+    assert max(r["steps"] * bench_lr.BATCH * bench_lr.CONTEXT for r in saved["rows"]) < saved["train_tokens"]
     # the page's reading: the seeds disagree on the best warmup, and the means of 1, 4 and 16 steps lie within 0.02
     best = {seed: min(row["grid"], key=lambda v: row["grid"][v]["seeds"][seed]) for seed in ("1234", "7")}
     assert best["1234"] != best["7"]
