@@ -16,6 +16,8 @@ point and its neighbours (the grid widens by 4x past an edge that wins).
 
     python benchmarks/bench_wd.py --width 256 --steps 200 800 --grid 0.025 0.1 0.4 1.6 --out bench-wd
     python benchmarks/bench_wd.py --width 256 --steps 800 --grid 0.1 0.4 1.6 --out bench-wd   # adds a length
+    python benchmarks/bench_wd.py --width 256 --seeds 1234 7 --steps 200 --grid 0.025 0.1 0.4 1.6 --out bench-wd
+    python benchmarks/bench_wd.py --width 128 --steps 200 --grid 0.1 0.4 1.6 --out bench-wd-128   # another width
     python benchmarks/bench_wd.py --from benchmarks/results/wd-steps-2026-12-06/bench_wd.json --out /tmp/wd
 """
 
