@@ -101,6 +101,26 @@ def vertex(lrs: list[float], scores: list[float]) -> tuple[float, bool]:
     return float(2 ** (-b / (2 * a))), True
 
 
+def seeded_point(shards: Path, domains: dict, out: Path, name: str, preset: str, overrides: dict,
+                 flags: dict[str, float | int], steps: int, seeds: tuple[int, ...] | list[int]) -> dict:
+    """One grid point trained at every seed and scored: the seeds' mean seconds and bits/char per domain, the mean
+    over domains ("mean"), and each seed's ("seeds") where there are several. A seed's run is `out`/runs/`name`, with
+    "-s{seed}" for seeds other than pretrain's default (which keeps the folder names of sweeps made before --seeds)."""
+    runs = []
+    for seed in seeds:
+        folder = out / "runs" / (name + ("" if seed == DEFAULT_SEED else f"-s{seed}"))
+        seconds = train(shards, folder, preset, overrides, {**flags, "--seed": seed}, steps)
+        runs.append({"seconds": seconds, **scored(folder, domains, out)})
+    point = {key: round(float(np.mean([r[key] for r in runs])), 4 if key in domains else 1)
+             for key in ("seconds", *domains)}
+    per_seed = [sum(r[d] for d in domains) / len(domains) for r in runs]
+    point["mean"] = round(float(np.mean(per_seed)), 4)
+    if len(seeds) > 1:
+        point["seeds"] = {str(seed): round(m, 4) for seed, m in zip(seeds, per_seed)}
+    print(f"{name}: {point}", flush=True)
+    return point
+
+
 def grid_search(values: list[float], evaluate: Callable[[float], float], factor: float | None,
                 bounds: tuple[float, float] = (0.0, math.inf)) -> list[float]:
     """The grid actually evaluated: every value (3 significant digits), then, while the best (lowest score) sits at
@@ -130,18 +150,7 @@ def sweep(shards: Path, domains: dict, out: Path, label: str, preset: str, overr
 
     def evaluate(lr: float) -> float:
         rates = {"--lr": lr} if group == "muon" else {"--lr": lr_for_width(width), "--adamw-lr": lr}
-        runs = []
-        for seed in seeds:  # pretrain's default seed keeps the folder name of sweeps made before --seeds
-            folder = out / "runs" / (f"{label}-lr{lr:g}" + ("" if seed == DEFAULT_SEED else f"-s{seed}"))
-            seconds = train(shards, folder, preset, overrides, {**rates, "--seed": seed}, steps)
-            runs.append({"seconds": seconds, **scored(folder, domains, out)})
-        scores[lr] = {key: round(float(np.mean([r[key] for r in runs])), 4 if key in domains else 1)
-                      for key in ("seconds", *domains)}
-        per_seed = [sum(r[d] for d in domains) / len(domains) for r in runs]
-        scores[lr]["mean"] = round(float(np.mean(per_seed)), 4)
-        if len(seeds) > 1:
-            scores[lr]["seeds"] = {str(seed): round(m, 4) for seed, m in zip(seeds, per_seed)}
-        print(f"{label} lr {lr:g}: {scores[lr]}", flush=True)
+        scores[lr] = seeded_point(shards, domains, out, f"{label}-lr{lr:g}", preset, overrides, rates, steps, seeds)
         return scores[lr]["mean"]
 
     lrs = grid_search(lrs, evaluate, factor=2 if widen else None)

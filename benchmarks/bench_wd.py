@@ -23,15 +23,13 @@ point and its neighbours (the grid widens by 4x past an edge that wins).
 
 from __future__ import annotations
 
-import dataclasses
-
 import run_lengths
 from run_lengths import Knob
 
 from hitoban.training.optimizer import OptimizerOptions
 from hitoban.training.schedule import ScheduleOptions
 
-DEFAULT_WD = {f.name: f.default for f in dataclasses.fields(OptimizerOptions)}["weight_decay"]  # the product's
+DEFAULT_WD = OptimizerOptions().weight_decay  # the product's
 
 
 def mean_lr_fraction(steps: int) -> float:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import provenance
-from bench_lr import BATCH, CONTEXT, DEFAULT_SEED, grid_search, scored, shape, train, vertex
+from bench_lr import BATCH, CONTEXT, DEFAULT_SEED, grid_search, seeded_point, shape, vertex
 from bench_night import prepare
 from corpora import pick_corpus
 
@@ -45,20 +45,8 @@ def sweep_length(shards: Path, domains: dict, out: Path, width: int, steps: int,
     scores: dict[float, dict] = {}
 
     def evaluate(value: float) -> float:
-        runs = []
-        for seed in seeds:  # pretrain's default seed keeps the folder names of sweeps made before --seeds
-            folder = out / "runs" / (f"w{width}-s{steps}-{knob.tag}{value:g}" + ("" if seed == DEFAULT_SEED else
-                                                                                f"-s{seed}"))
-            seconds = train(shards, folder, "small", shape(width), {knob.flag: value, **knob.fixed, "--seed": seed},
-                            steps)
-            runs.append({"seconds": seconds, **scored(folder, domains, out)})
-        per_seed = [sum(r[d] for d in domains) / len(domains) for r in runs]
-        scores[value] = {"seconds": round(sum(r["seconds"] for r in runs) / len(runs), 1),
-                         **{d: round(sum(r[d] for r in runs) / len(runs), 4) for d in domains},
-                         "mean": round(sum(per_seed) / len(per_seed), 4)}
-        if len(seeds) > 1:
-            scores[value]["seeds"] = {str(seed): round(m, 4) for seed, m in zip(seeds, per_seed)}
-        print(f"w{width} {steps} steps, {knob.flag} {value:g}: {scores[value]}", flush=True)
+        scores[value] = seeded_point(shards, domains, out, f"w{width}-s{steps}-{knob.tag}{value:g}", "small",
+                                     shape(width), {knob.flag: value, **knob.fixed}, steps, seeds)
         return scores[value]["mean"]
 
     values = grid_search(grid, evaluate, knob.factor, knob.bounds(steps))
