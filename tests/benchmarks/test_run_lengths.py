@@ -108,3 +108,18 @@ def test_the_saved_warmup_sweep_reprints_and_its_two_percent_point_is_bench_wds_
     assert best["1234"] != best["7"]
     means = [row["grid"][v]["mean"] for v in ("1", "4", "16")]
     assert max(means) - min(means) < 0.02
+
+
+@settings(max_examples=100, deadline=None)
+@given(first=st.floats(0.01, 100), last=st.floats(0.01, 100), lengths=st.sampled_from([(200, 800), (100, 22_460)]))
+def test_the_reports_length_exponent_is_the_slope_whatever_its_sign(benchmarks, first, last, lengths):
+    """The sentence under a sweep's table states k in optimum ~ steps ^ k, computed here from the two optima; a
+    positive k once printed as "steps ^ --0.07"."""
+    _, bench_warmup = benchmarks
+    point = {"literature": 5.0, "web": 7.0, "mean": 6.0}
+    rows = [{"steps": steps, "grid": {"1": point}, "optimum": optimum, "inside_grid": True, "machine": "m",
+             "date": "d", "command": "c"} for steps, optimum in zip(lengths, (first, last))]
+    line = bench_warmup.report({"width": 256, "lr": 0.0127, "train_tokens": 10**9, "rows": rows})[-1]
+    k = math.log(last / first) / math.log(lengths[1] / lengths[0])
+    assert f"steps ^ {k:.2f} between {lengths[0]} and {lengths[1]} steps" in line
+    assert "--" not in line
