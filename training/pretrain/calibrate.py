@@ -163,7 +163,8 @@ def calibrate(options: CalibrateOptions, log=print) -> dict:
         compiled, _ = choose_compile(options.compile, facts, usable, lambda preset=preset, batch=batch: compile_gain(
             preset, batch, vocab_size, options.context, accelerator, data, options.optimizer, plan.muon_dtype))
         row = measure(preset, batch, vocab_size, options.context, options.steps, options.warmup, accelerator, data,
-                      compiled=compiled, optimizer_name=options.optimizer, muon_dtype=plan.muon_dtype)
+                      max_seconds=options.max_seconds, compiled=compiled, optimizer_name=options.optimizer,
+                      muon_dtype=plan.muon_dtype)
         row["tokens_in_budget"] = int(row["tok_per_sec"] * usable)
         row["tokens_in_budget_range"] = [int(v * usable) for v in row["tok_per_sec_range"]]
         row["d_over_n"] = row["tokens_in_budget"] / row["non_embedding"]

@@ -116,9 +116,11 @@ class CalibrateOptions(Checked):
     candidate: list[str] = option(help="PRESET:BATCH to measure; repeatable (default: " + " ".join(CANDIDATES) + ")",
                                   factory=lambda: list(CANDIDATES), repeat=True, metavar="PRESET:BATCH")
     vocab_size: int = option(32000, "vocabulary without --data (with it: the shards')", min=260, max=65536)
-    steps: int = option(10, "timed steps per candidate at least (after --warmup); more, up to a minute, until the "
-                            "timings settle within 10%%", min=1)
+    steps: int = option(10, "timed steps per candidate at least (after --warmup); more, up to --max-seconds, until "
+                            "the timings settle within 10%%", min=1)
     warmup: int = option(3, "untimed steps first (allocation, kernel selection)", min=0)
+    max_seconds: float = option(60.0, "timing per candidate at most: past it the steps timed so far stand, and a "
+                                      "spread still over 10%% is reported as unsettled", above=0)
     out: str | None = option(None, "also write the table as JSON")
 
 

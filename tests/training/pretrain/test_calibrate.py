@@ -8,7 +8,7 @@ from hitoban.training.pretrain.options import CalibrateOptions
 
 def test_calibrate_measures_candidates_and_picks_d_over_n_near_20(tiny_shards):
     options = CalibrateOptions(candidate=["tiny:4", "tiny:8"], hours=0.01, data=str(tiny_shards), steps=2, warmup=1,
-                               cpu=True)
+                               cpu=True, max_seconds=3)  # a busy machine's unsettled timings stop here
     result = calibrate(options, log=lambda *_: None)
     assert [r["label"] for r in result["results"]] == ["tiny b4", "tiny b8"]
     for row in result["results"]:
@@ -44,3 +44,26 @@ def test_candidates_that_do_not_fit_are_listed_and_skipped_and_none_fitting_is_a
     assert result["skipped"][0]["estimate_gb"] > result["skipped"][0]["limit_gb"] * 0.9
     with pytest.raises(ResourceError, match="none of the candidates fits"):
         calibrate(CalibrateOptions(**{**options.__dict__, "candidate": ["tiny:64"]}), log=lambda *_: None)
+
+
+def test_timing_goes_on_while_the_spread_is_over_10_percent_and_stops_at_max_seconds():
+    """A step whose time alternates 1x/3x never settles: timing stops at the deadline, not at --steps; a steady step
+    stops at --steps. Control: the steady step's spread is under STABLE_SPREAD, the alternating one's over it."""
+    import time
+
+    import torch
+
+    from hitoban.training.pretrain.calibrate import STABLE_SPREAD, _spread, time_steps
+
+    calls = []
+
+    def step(_index: int, pause: float) -> None:
+        calls.append(pause)
+        time.sleep(pause)
+
+    started = time.perf_counter()
+    unsettled = time_steps(lambda i: step(i, 0.01 if i % 2 else 0.03), 0, 4, torch.device("cpu"), max_seconds=0.5)
+    took = time.perf_counter() - started
+    assert 0.5 <= took < 1.5 and len(unsettled) > 4 and _spread(unsettled) > STABLE_SPREAD
+    steady = time_steps(lambda i: step(i, 0.05), 0, 4, torch.device("cpu"), max_seconds=30)
+    assert len(steady) == 4 and _spread(steady) <= STABLE_SPREAD
