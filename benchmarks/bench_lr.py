@@ -11,10 +11,13 @@ parabola through the best grid point and its neighbours in log2(lr); the group's
 ** exponent` (training/optimizer.py) is fitted to those optima so that the largest factor between rule and
 optimum is smallest (the target's own terms: within 1.5x at every width), and `--check 3lm` trains the `3lm` shape
 (width 512, depth 6; this benchmark's vocabulary 8000 and context 256) at that fit's lr and at half and twice it.
-`--from` refits and reports a saved sweep without training.
+`--depths` sweeps each width at other numbers of layers too (the product's rule has no depth term: these rows
+check it there, and stay out of the fit, which reads depth 4). `--from` refits and reports a saved sweep without
+training.
 
     python benchmarks/bench_lr.py [--group muon] [--widths 128 256 384] [--steps 200] [--check 3lm] [--out bench-lr]
     python benchmarks/bench_lr.py --group adamw --widths 64 128 256 --grid 0.25 0.5 1 2 4 --out bench-lr-adamw
+    python benchmarks/bench_lr.py --widths 256 --depths 2 4 8 --check none --out bench-lr   # the rule at other depths
     python benchmarks/bench_lr.py --from benchmarks/results/lr-sweep-2026-12-05/bench_lr.json --out /tmp/lr-fit
 
 Every run is a subprocess of `hitoban pretrain` with the preset's width replaced in that process only. The corpus is
@@ -59,20 +62,29 @@ RULES = {"muon": (LR_AT_256, LR_WIDTH_EXPONENT, lr_for_width, "LR_AT_256, LR_WID
                    "ADAMW_GROUP_LR_AT_256, ADAMW_GROUP_LR_WIDTH_EXPONENT")}  # each group's product rule
 
 
-def shape(width: int, depth: int = 4) -> dict:
+DEPTH = 4  # the small preset's: the widths' sweeps and the fit are at this depth
+
+
+def shape(width: int, depth: int = DEPTH) -> dict:
     return {"hidden_size": width, "num_hidden_layers": depth, "num_attention_heads": max(1, width // 64)}
+
+
+def pretrain_argv(shards: Path, folder: Path, preset: str, rates: dict[str, float | int], steps: int) -> list[str]:
+    """`hitoban pretrain`'s arguments for one run: BATCH x CONTEXT tokens a step unless `rates` sets the batch."""
+    flags = {"--batch-size": BATCH, "--context": CONTEXT, "--steps": steps, **rates}
+    return ["pretrain", "--data", str(shards), "--preset", preset,
+            *(x for flag, value in flags.items() for x in (flag, f"{value:g}")),
+            "--eval-every", "1000000", "--eval-batches", "2", "--resume", "never", "--no-progress",
+            "--out", str(folder)]
 
 
 def train(shards: Path, folder: Path, preset: str, overrides: dict, rates: dict[str, float | int], steps: int
           ) -> float:
     """Seconds for one `hitoban pretrain` at this shape and these settings ({"--lr": ..., "--adamw-lr": ...,
-    "--seed": ...}; skipped where its final/ is already there)."""
+    "--seed": ..., and "--batch-size" where not BATCH}; skipped where its final/ is already there)."""
     if (folder / "final" / "model.safetensors").exists():
         return json.loads((folder / "seconds.json").read_text())
-    argv = ["pretrain", "--data", str(shards), "--preset", preset, "--batch-size", str(BATCH), "--context",
-            str(CONTEXT), "--steps", str(steps), *(x for flag, value in rates.items() for x in (flag, f"{value:g}")),
-            "--eval-every", "1000000", "--eval-batches", "2", "--resume", "never", "--no-progress",
-            "--out", str(folder)]
+    argv = pretrain_argv(shards, folder, preset, rates, steps)
     seconds = run([sys.executable, "-c", WITH_SHAPE, preset, json.dumps(overrides)] + argv)
     (folder / "seconds.json").write_text(json.dumps(seconds))
     return seconds
@@ -163,6 +175,7 @@ def fit(rows: list[dict]) -> tuple[float, float] | None:
     """(lr at width 256, exponent) of lr = a * (256 / width) ** k over the optima, fitted as the target is stated:
     the smallest largest factor between rule and optimum (minimax in log-log; least squares let one noisy width
     pull the line past 1.5x at another). None below two widths: one optimum fixes no exponent."""
+    rows = [r for r in rows if r["overrides"].get("num_hidden_layers", DEPTH) == DEPTH]  # not the depth sweep's
     if len({r["overrides"]["hidden_size"] for r in rows}) < 2:
         return None
     x = np.log([256 / r["overrides"]["hidden_size"] for r in rows])
@@ -210,7 +223,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--group", choices=sorted(RULES), default="muon", help="the parameter group whose lr is "
                         "swept: muon (--lr) or adamw (--adamw-lr); the other runs at its product rule")
-    parser.add_argument("--widths", type=int, nargs="+", default=[128, 256, 384], help="hidden sizes swept (depth 4)")
+    parser.add_argument("--widths", type=int, nargs="+", default=[128, 256, 384], help="hidden sizes swept")
+    parser.add_argument("--depths", type=int, nargs="+", default=[DEPTH], help="layers swept at every width (the "
+                        "fit reads depth 4's rows only; the others check the width rule at another depth)")
     parser.add_argument("--steps", type=int, default=200, help="steps of 16 x 256 tokens per run")
     parser.add_argument("--grid", type=float, nargs="+", default=[0.5, 1, 2],
                         help="multiples of the centre lr tried at each width (widened by 2x past an edge that wins)")
@@ -257,8 +272,9 @@ def run_sweeps(args: argparse.Namespace, out: Path) -> tuple[int, list[dict]]:
 
     shards, domains = prepare(pick_corpus(args.corpus)[0], out / "data")
     train_tokens = load_index(shards)["splits"]["train"]["tokens"]
-    rows = [sweep(shards, domains, out, f"w{width}", "small", shape(width), [centre(width) * g for g in args.grid],
-                  args.steps, widen=True, group=args.group, seeds=tuple(args.seeds)) for width in args.widths]
+    rows = [sweep(shards, domains, out, f"w{width}" + ("" if depth == DEPTH else f"-d{depth}"), "small",
+                  shape(width, depth), [centre(width) * g for g in args.grid], args.steps, widen=True,
+                  group=args.group, seeds=tuple(args.seeds)) for width in args.widths for depth in args.depths]
     if args.check == "3lm":
         a, k = fit(rows)
         predicted = float(f"{a * (256 / 512) ** k:.2g}")  # this sweep's fit, before the 3lm shape is seen

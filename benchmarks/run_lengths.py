@@ -29,13 +29,15 @@ from hitoban.training.optimizer import lr_for_width
 @dataclass(frozen=True)
 class Knob:
     """The option swept: its flag, the run folders' tag, the flags every run of the sweep also gets, the grid's
-    widening factor and the bounds (a function of the run's steps) it may widen within."""
+    widening factor, the bounds (a function of the length's steps) it may widen within, and the steps a run at a
+    value takes at a length (the length itself, unless the option changes the tokens a step reads)."""
 
     flag: str
     tag: str
     fixed: dict = field(default_factory=dict)
     factor: float = 4.0
     bounds: Callable[[int], tuple[float, float]] = lambda steps: (0.0, math.inf)
+    steps_for: Callable[[float, int], int] = lambda value, steps: steps
 
 
 def sweep_length(shards: Path, domains: dict, out: Path, width: int, steps: int, knob: Knob, grid: list[float],
@@ -46,7 +48,8 @@ def sweep_length(shards: Path, domains: dict, out: Path, width: int, steps: int,
 
     def evaluate(value: float) -> float:
         scores[value] = seeded_point(shards, domains, out, f"w{width}-s{steps}-{knob.tag}{value:g}", "small",
-                                     shape(width), {knob.flag: value, **knob.fixed}, steps, seeds)
+                                     shape(width), {knob.flag: value, **knob.fixed}, knob.steps_for(value, steps),
+                                     seeds)
         return scores[value]["mean"]
 
     values = grid_search(grid, evaluate, knob.factor, knob.bounds(steps))
@@ -88,8 +91,9 @@ def report(saved: dict, title: str, short: str, columns: list[str], cells: Calla
     `columns` (`cells` of a row), then how the optimum scales with the run's length against `predictions`."""
     width, lr, train_tokens = saved["width"], saved["lr"], saved["train_tokens"]
     headers = ["steps", "passes", f"{columns[0]}", f"optimum {short}", *columns[1:], "machine", "date", "command"]
-    lines = [f"{title} across run lengths at width {width} (Muon lr {lr:g}, its rule), {BATCH} x {CONTEXT} tokens a "
-             f"step, {train_tokens:,} training tokens; score: mean held-out bits/char (literature, web).", "",
+    lines = [f"{title} across run lengths at width {width} (Muon lr {lr:g}, its rule), lengths in steps of "
+             f"{BATCH} x {CONTEXT} tokens, {train_tokens:,} training tokens; score: mean held-out bits/char "
+             "(literature, web).", "",
              "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for row in saved["rows"]:
         steps = row["steps"]

@@ -1,0 +1,75 @@
+"""benchmarks/bench_batch.py: batch size at a fixed token budget. Its definitions (every point of a budget reads the
+same tokens; its 16-sequence run is bench_wd.py's run at the default decay) against the code, and the committed
+sweep against docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import REPO
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+
+@pytest.fixture(scope="module")
+def bench():
+    with pytest.MonkeyPatch.context() as patch:  # module-scoped: hypothesis reruns a test, not its fixtures
+        patch.syspath_prepend(str(REPO / "benchmarks"))
+        import bench_batch
+        import bench_lr
+        import bench_wd
+
+        yield bench_batch, bench_lr, bench_wd
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.integers(1, 5_000), batch=st.integers(1, 512))
+def test_every_batch_of_a_budget_reads_its_tokens_or_is_refused(bench, steps, batch):
+    """A point of batch B trains budget x 16 / B steps: B x steps x context tokens is the budget's, exactly; a batch
+    that does not divide the budget's sequences is refused by name, not rounded to another budget."""
+    bench_batch, bench_lr, _ = bench
+    budget = steps * bench_lr.BATCH * bench_lr.CONTEXT
+    if (steps * bench_lr.BATCH) % batch:
+        with pytest.raises(SystemExit, match=f"batch {batch} does not divide a budget of {steps * 16} sequences"):
+            bench_batch.steps_at(batch, steps)
+    else:
+        assert bench_batch.steps_at(float(batch), steps) * batch * bench_lr.CONTEXT == budget
+
+
+@pytest.mark.parametrize("steps", [200, 800])
+def test_the_grid_widens_only_to_runs_of_at_least_the_shortest_length(bench, steps):
+    bench_batch, _, _ = bench
+    low, high = bench_batch.BATCH_SIZE.bounds(steps)
+    assert low == 2 and bench_batch.steps_at(high, steps) == bench_batch.MIN_STEPS
+    assert bench_batch.BATCH_SIZE.steps_for(high, steps) == bench_batch.MIN_STEPS  # the knob uses steps_at
+
+
+def parsed(argv: list[str]) -> dict:
+    from hitoban.cli import build_parser
+
+    options = vars(build_parser().parse_args(argv))
+    return {k: v for k, v in options.items() if k != "out"}
+
+
+@pytest.mark.parametrize("steps", [200, 800])
+def test_the_16_sequence_run_is_bench_wds_run_at_the_default_decay(bench, tmp_path, steps):
+    """bench_batch.py's usage reuses bench_wd's runs at 16 sequences: `hitoban pretrain` parses the two runs' argv to
+    the same options, out folder aside. Control: the 32-sequence point of the same budget differs (batch, steps)."""
+    bench_batch, bench_lr, bench_wd = bench
+
+    def argv(knob, value: float) -> list[str]:
+        flags = {knob.flag: value, **knob.fixed, "--seed": 7}
+        return bench_lr.pretrain_argv(tmp_path, tmp_path / "run", "small", flags, knob.steps_for(value, steps))
+
+    wd_run = parsed(argv(bench_wd.WEIGHT_DECAY, bench_wd.DEFAULT_WD))
+    assert parsed(argv(bench_batch.BATCH_SIZE, 16)) == wd_run
+    larger = parsed(argv(bench_batch.BATCH_SIZE, 32))
+    assert {k for k in wd_run if wd_run[k] != larger[k]} == {"batch_size", "steps"}
+    assert larger["steps"] * larger["batch_size"] == wd_run["steps"] * wd_run["batch_size"]
+
+
+def test_the_default_batch_is_the_products(bench):
+    bench_batch, _, _ = bench
+    from hitoban.cli import build_parser
+
+    options = build_parser().parse_args(["pretrain", "--data", "x", "--out", "y", "--steps", "1"])
+    assert options.batch_size == bench_batch.DEFAULT_BATCH == 32
