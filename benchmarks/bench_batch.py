@@ -15,7 +15,8 @@ machine a larger batch is also a faster one per token, and a night is a wall-clo
 At the 16-sequence point a budget's run is the same run as bench_wd.py's at the default decay (its flags are those
 of bench_wd's run), so a sweep may reuse those runs (copy the run folders: `w256-s200-wd0.1` to `w256-s200-b16`).
 
-    python benchmarks/bench_batch.py --width 256 --steps 200 --grid 8 16 32 64 --out bench-batch
+    python benchmarks/bench_batch.py --width 256 --seeds 1234 7 --steps 200 --grid 8 16 32 64 --out bench-batch
+    python benchmarks/bench_batch.py --width 256 --steps 800 --grid 16 32 64 --no-widen --out bench-batch   # adds
     python benchmarks/bench_batch.py --from benchmarks/results/batch-tokens-2026-12-06/bench_batch.json --out /tmp/bb
 """
 

@@ -14,7 +14,7 @@ import argparse
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import provenance
@@ -35,7 +35,7 @@ class Knob:
     flag: str
     tag: str
     fixed: dict = field(default_factory=dict)
-    factor: float = 4.0
+    factor: float | None = 4.0
     bounds: Callable[[int], tuple[float, float]] = lambda steps: (0.0, math.inf)
     steps_for: Callable[[float, int], int] = lambda value, steps: steps
 
@@ -63,6 +63,7 @@ def sweep(args: argparse.Namespace, knob: Knob, out: Path, name: str) -> dict:
     with their own seeds, machine, date and command."""
     shards, domains = prepare(pick_corpus(args.corpus)[0], out / "data")
     stamp = provenance.stamp()
+    knob = knob if args.widen else replace(knob, factor=None)
     rows = {steps: {**sweep_length(shards, domains, out, args.width, steps, knob, args.grid, args.seeds), **stamp}
             for steps in sorted(args.steps)}
     earlier = out / f"{name}.json"
@@ -128,6 +129,8 @@ def arguments(doc: str, grid: list[float], grid_help: str, out: str, name: str) 
     parser.add_argument("--grid", type=float, nargs="+", default=grid, help=grid_help)
     parser.add_argument("--seeds", "--seed", type=int, nargs="+", default=[DEFAULT_SEED], help="train every grid "
                         "point at each seed (initialisation and batches); a point's score is their mean")
+    parser.add_argument("--no-widen", dest="widen", action="store_false", help="train the grid as given, "
+                        "nothing beyond an edge that wins (its optimum is then reported as at the grid's edge)")
     parser.add_argument("--corpus", help="corpus folder (default: the larger corpus if present, else tests/corpus)")
     parser.add_argument("--out", default=out)
     parser.add_argument("--from", dest="saved", metavar=f"{name.upper()}_JSON",
