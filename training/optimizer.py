@@ -17,7 +17,8 @@ ADAMW_LR = 6e-4  # 3LM's, at every shape
 # Muon's peak lr follows the width as a power law, fitted by benchmarks/bench_lr.py to the measured optima at four
 # widths (64-384) in the night's regime, minimax in log-log: within 1.47x of each, 1.10x at the 3lm shape checked
 # afterwards (docs/benchmarks.md). The exponent is close to muP's 1 for updates matched to AdamW's RMS, as Muon's are
-# here (the lr that keeps a hidden layer's change steady falls as 1 / fan-in).
+# here (the lr that keeps a hidden layer's change steady falls as 1 / fan-in). No depth term: at width 256 the rule is
+# within 1.5x of the optimum at depths 2, 4 and 8 (`bench_lr.py --depths 2 4 8`).
 LR_AT_256 = 0.0127
 LR_WIDTH_EXPONENT = 0.89
 # Beside Muon, AdamW's group (the tied embedding and the norms' gains) has its own peak lr, fitted the same way
@@ -48,7 +49,8 @@ def _lr_help() -> str:
     """--lr's help, written from the rule above (a default is never restated by hand)."""
     return (f"peak learning rate: Muon's hidden matrices, or with --optimizer adamw every parameter (default: "
             f"with muon {LR_AT_256:g} x (256 / the preset's width) ^ "
-            f"{LR_WIDTH_EXPONENT:g}, fitted by benchmarks/bench_lr.py; {ADAMW_LR:g} with adamw, 3LM's)")
+            f"{LR_WIDTH_EXPONENT:g}, fitted by benchmarks/bench_lr.py, no depth term: within 1.5x of the optimum at "
+            f"depths 2-8; {ADAMW_LR:g} with adamw, 3LM's)")
 
 
 def _adamw_lr_help() -> str:

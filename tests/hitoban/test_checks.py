@@ -151,8 +151,9 @@ def test_every_option_of_every_verb_explains_itself_with_its_default(capsys):
     assert positions == sorted(positions)
     with pytest.raises(SystemExit):
         main(["pretrain", "--help"])
-    assert "(default: with muon 0.0127 x (256 / the preset's width) ^ 0.89, fitted by benchmarks/bench_lr.py; 0.0006 " \
-           "with adamw, 3LM's)" in " ".join(capsys.readouterr().out.split())  # --lr's default, training/optimizer.py
+    assert "(default: with muon 0.0127 x (256 / the preset's width) ^ 0.89, fitted by benchmarks/bench_lr.py, no " \
+           "depth term: within 1.5x of the optimum at depths 2-8; 0.0006 with adamw, 3LM's)" in \
+        " ".join(capsys.readouterr().out.split())  # --lr's default, training/optimizer.py
 
 
 def test_the_console_script_help_loads_neither_torch_nor_transformers():

@@ -31,6 +31,7 @@ RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 SWEEP = RESULTS / "lr-sweep-2026-12-05" / "bench_lr.json"  # Muon's --lr, 4 widths + the 3lm check
 MUON_RECHECK = RESULTS / "lr-sweep-muon-w256-2026-12-06" / "bench_lr.json"  # --lr at 256, AdamW's group at its rule
 ADAMW_SWEEP = RESULTS / "lr-sweep-adamw-2026-12-06" / "bench_lr.json"  # --adamw-lr, 3 widths + the 3lm check, 2 seeds
+DEPTH_SWEEP = RESULTS / "lr-depths-2026-12-06" / "bench_lr.json"  # --lr at width 256, depths 2, 4 and 8
 
 
 @pytest.mark.parametrize("optimizer, preset", [("muon", "small"), ("muon", "3lm"), ("adamw", "small"),
@@ -73,6 +74,19 @@ def test_the_default_rule_is_within_1_5x_of_every_measured_optimum():
     assert worst_factor(lr_for_width, MUON_RECHECK) <= 1.5
     assert worst_factor(lambda w: 2 * LR_AT_256, MUON_RECHECK) > 1.5  # negative control: a rate twice the rule's
     assert worst_factor(lambda w: LR_AT_256) > 1.5  # and one lr for every width
+
+
+def test_the_width_rule_needs_no_depth_term_within_1_5x_at_depths_2_to_8():
+    """docs/benchmarks.md: the rule, which has no depth term, is within 1.5x of the optimum at depths 2, 4 and 8
+    (width 256, one seed). Negative control: an lr halved for each doubling of depth is not."""
+    rows = json.loads(DEPTH_SWEEP.read_text())["rows"]
+    assert sorted(r["overrides"]["num_hidden_layers"] for r in rows) == [2, 4, 8]
+    assert all(r["inside_grid"] for r in rows)
+    assert worst_factor(lr_for_width, DEPTH_SWEEP) <= 1.5
+    depth_of = {r["label"]: r["overrides"]["num_hidden_layers"] for r in rows}
+    halved = max(max(r["optimum"] / (lr_for_width(256) * 4 / depth_of[r["label"]]),
+                     lr_for_width(256) * 4 / depth_of[r["label"]] / r["optimum"]) for r in rows)
+    assert halved > 1.5
 
 
 def test_the_adamw_group_rule_is_within_1_5x_of_every_measured_optimum():
