@@ -263,9 +263,9 @@ def run_sweeps(args: argparse.Namespace, out: Path) -> tuple[int, list[dict]]:
     """Train the grid at every width, then (`--check 3lm`) the 3lm shape around the fit's lr for it."""
 
     at_256, exponent = args.centre or RULES[args.group][:2]
-    if args.check == "3lm" and len(set(args.widths)) < 2:  # before anything trains
-        raise SystemExit("bench_lr: --check 3lm predicts from a fit over two widths or more; add a width or pass "
-                         "--check none")
+    if args.check == "3lm" and (len(set(args.widths)) < 2 or DEPTH not in args.depths):  # before anything trains
+        raise SystemExit(f"bench_lr: --check 3lm predicts from a fit over two widths or more at depth {DEPTH}; add a "
+                         f"width (and depth {DEPTH} to --depths) or pass --check none")
 
     def centre(width: int) -> float:
         return float(f"{at_256 * (256 / width) ** exponent:.2g}")

@@ -51,3 +51,18 @@ def centre(rows: list[dict], exponent: float) -> float:
 
 def test_one_width_fits_nothing_whatever_the_depths(bench_lr):
     assert bench_lr.fit([row(bench_lr, 256, 0.01), row(bench_lr, 256, 0.005, 8), row(bench_lr, 128, 0.02, 2)]) is None
+
+
+@pytest.mark.parametrize("argv", [["--widths", "256"], ["--widths", "128", "256", "--depths", "2", "8"]])
+def test_a_3lm_check_without_a_fit_to_predict_from_is_refused_before_anything_trains(tmp_path, argv):
+    """The check predicts the 3lm lr from the fit over depth 4's widths: one width, or no depth-4 rows, leaves
+    nothing to fit, and the sweep must stop at once with one line (not after hours of runs, with a traceback)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_lr.py"), *argv, "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and done.stderr.strip().splitlines() == [
+        "bench_lr: --check 3lm predicts from a fit over two widths or more at depth 4; add a width (and depth 4 to "
+        "--depths) or pass --check none"]
+    assert list(tmp_path.iterdir()) == []  # nothing prepared, nothing trained
