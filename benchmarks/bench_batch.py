@@ -51,7 +51,7 @@ def seconds(row: dict) -> str:
 
 
 def behind_best(row: dict) -> str:
-    """How far the product's default batch scored behind the best point of the row (blank when not tried)."""
+    """How far the product's default batch scored behind the best point of the row ("not tried" where it was not)."""
     default = row["grid"].get(f"{DEFAULT_BATCH:g}")
     if default is None:
         return "not tried"

@@ -9,6 +9,7 @@ fail for its absence. The fast tier (-m "not slow") never asks for it, so it rea
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 import subprocess
@@ -108,6 +109,16 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "network" in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def benchmark():
+    """`benchmark("bench_lr")` is benchmarks/bench_lr.py as a module, imported by name as the scripts import each other
+    (bench_wd imports run_lengths, which imports bench_lr): benchmarks/ is on sys.path for one test module at a time.
+    Module-scoped: hypothesis reruns a test, not its fixtures."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(REPO / "benchmarks"))
+        yield importlib.import_module
 
 
 @pytest.fixture(scope="session")

@@ -13,14 +13,8 @@ from hypothesis import strategies as st
 
 
 @pytest.fixture(scope="module")
-def bench():
-    with pytest.MonkeyPatch.context() as patch:  # module-scoped: hypothesis reruns a test, not its fixtures
-        patch.syspath_prepend(str(REPO / "benchmarks"))
-        import bench_batch
-        import bench_lr
-        import bench_wd
-
-        yield bench_batch, bench_lr, bench_wd
+def bench(benchmark):
+    return benchmark("bench_batch"), benchmark("bench_lr"), benchmark("bench_wd")
 
 
 @settings(max_examples=200, deadline=None)
@@ -110,7 +104,8 @@ def test_the_pages_reading_holds_the_default_loses_in_short_runs_and_not_in_long
     assert round(short["32"]["mean"] - short["16"]["mean"], 2) == 0.15
     assert max(p["mean"] for p in long.values()) - min(p["mean"] for p in long.values()) < 0.02
     from hitoban.cli import build_parser
+    from hitoban.verbs.reference import verbs
 
-    help_text = build_parser()._subparsers._group_actions[0].choices["pretrain"].format_help()
+    help_text = dict(verbs(build_parser()))["hitoban pretrain"].format_help()
     assert "by 0.15 bits/char at 0.8M tokens" in " ".join(help_text.split())
     assert bench_batch.behind_best({"grid": long}) == "+0.011"

@@ -13,12 +13,8 @@ from hypothesis import strategies as st
 
 
 @pytest.fixture(scope="module")
-def bench_lr():
-    with pytest.MonkeyPatch.context() as patch:  # module-scoped: hypothesis reruns a test, not its fixtures
-        patch.syspath_prepend(str(REPO / "benchmarks"))
-        import bench_lr
-
-        yield bench_lr
+def bench_lr(benchmark):
+    return benchmark("bench_lr")
 
 
 def row(bench_lr, width: int, optimum: float, depth: int | None = None) -> dict:

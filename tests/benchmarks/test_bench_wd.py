@@ -9,12 +9,9 @@ import pytest
 from conftest import REPO
 
 
-@pytest.fixture
-def bench_wd(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import bench_wd
-
-    return bench_wd
+@pytest.fixture(scope="module")
+def bench_wd(benchmark):
+    return benchmark("bench_wd")
 
 
 @pytest.mark.parametrize("steps", [200, 800, 10_000, 22_460])

@@ -14,13 +14,8 @@ from hypothesis import strategies as st
 
 
 @pytest.fixture(scope="module")
-def benchmarks():
-    with pytest.MonkeyPatch.context() as patch:  # module-scoped: hypothesis reruns a test, not its fixtures
-        patch.syspath_prepend(str(REPO / "benchmarks"))
-        import bench_lr
-        import bench_warmup
-
-        yield bench_lr, bench_warmup
+def benchmarks(benchmark):
+    return benchmark("bench_lr"), benchmark("bench_warmup")
 
 
 @settings(max_examples=200, deadline=None)
