@@ -6,7 +6,7 @@ from pathlib import Path
 
 from hitoban.errors import ExitCode
 from hitoban.evaluation.options import PlotOptions
-from hitoban.training.pretrain.options import WatchOptions
+from hitoban.training.pretrain.options import CalibrateOptions, WatchOptions
 from hitoban.verbs import verb, verb_of
 
 
@@ -72,22 +72,13 @@ def _watch(options: WatchOptions) -> int:
     return 0
 
 
-def _calibrate_args(p):
-    from hitoban.options import add_options
-    from hitoban.training.pretrain.options import CalibrateOptions
-
-    add_options(p, CalibrateOptions)
-
-
-@verb("calibrate", "measure tok/s per model/batch and pick the run closest to D/N = 20 for the night")(
-    _calibrate_args)
-def _calibrate(args) -> int:
-    from hitoban.options import from_args
+@verb_of("calibrate", "measure tok/s per model/batch and pick the run closest to D/N = 20 for the night",
+         CalibrateOptions)
+def _calibrate(options: CalibrateOptions) -> int:
     from hitoban.training.pretrain.calibrate import calibrate
-    from hitoban.training.pretrain.options import CalibrateOptions
 
     print(f"{'candidate':<16}{'params':>8}{'non-emb':>9}{'tok/s':>17}{'memory':>10}{'tokens':>22}{'D/N':>11}")
-    result = calibrate(from_args(CalibrateOptions, args))
+    result = calibrate(options)
     print(f"selected {result['selected']} (D/N closest to 20): {result['sureness']}; run:\n  {result['command']}")
     return 0
 

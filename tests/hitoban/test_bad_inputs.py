@@ -113,6 +113,7 @@ def cases(i: dict) -> list[tuple[list[str], int, list[str]]]:
         (["upload", str(i["release"]), "--repo", "me/x", "--dry-run", "--i-know", "test"], 1,
          ["refusing to upload"]),
         (["secrets", str(i["release"])], 1, ["link-outside-folder"]),
+        (["calibrate", "--data", shards, "--max-seconds", "0"], 2, ["--max-seconds 0"]),
     ]
 
 

@@ -67,3 +67,16 @@ def test_timing_goes_on_while_the_spread_is_over_10_percent_and_stops_at_max_sec
     assert 0.5 <= took < 1.5 and len(unsettled) > 4 and _spread(unsettled) > STABLE_SPREAD
     steady = time_steps(lambda i: step(i, 0.05), 0, 4, torch.device("cpu"), max_seconds=30)
     assert len(steady) == 4 and _spread(steady) <= STABLE_SPREAD
+
+
+def test_a_refused_option_prints_nothing_before_its_one_line(tiny_shards, capsys):
+    """calibrate checks its options before printing its table's header (it printed the header, then refused)."""
+    from hitoban.cli import main
+
+    try:
+        code = main(["calibrate", "--data", str(tiny_shards), "--max-seconds", "0"])
+    except SystemExit as exit_:
+        code = exit_.code
+    printed = capsys.readouterr()
+    assert code == 2 and printed.out == ""
+    assert printed.err.strip().splitlines() == ["hitoban calibrate: error: --max-seconds 0: must be above 0"]
