@@ -52,6 +52,8 @@ def judge(argv: list[str], code: int, words: list[str], watched: list[Path], cap
     lines = [line for line in err.splitlines() if line.startswith("hitoban ") and "error" in line]
     if code == 2 and len(lines) != 1:  # bad input: one line on stderr (a gate's findings go to stdout, exit 1)
         problems.append(f"expected one error line on stderr, got {err[-600:]!r}")
+    if code == 2 and out.strip():  # refused before anything was read or done: nothing to report on stdout
+        problems.append(f"printed before refusing: {out[-600:]!r}")
     missing = [w for w in words if w not in err + out]
     if missing:
         problems.append(f"message lacks {missing}: {(err + out)[-600:]!r}")
@@ -72,6 +74,11 @@ def inputs(tmp_path, pretrained, tiny_model_dir, tiny_shards, corpus):
     chats.write_text("".join(json.dumps({"user": f"質問{i}ですか？", "assistant": f"答え{i}です。"},
                                         ensure_ascii=False) + "\n" for i in range(40)), encoding="utf-8")
     (root / "nomodel").mkdir()
+    for name, files in {"foreign": {"model.safetensors": "someone's model"}, "damaged": {"finetune.json": "{"},
+                        "earlier": {"finetune.json": json.dumps({"stage": "sft", "data_sha256": []})}}.items():
+        (root / name).mkdir()  # folders a fine-tune must not take as its --out
+        for file, text in files.items():
+            (root / name / file).write_text(text, encoding="utf-8")
     (root / "nomodel" / "config.json").write_text("{}")
     holdout = corpus / "3lm-eval" / "holdout_clean.txt"
     release = tmp_path / "release"
@@ -107,6 +114,13 @@ def cases(i: dict) -> list[tuple[list[str], int, list[str]]]:
           str(root / "missing.txt")], 2, ["missing.txt", "--exclude"]),
         (["tone", str(i["pretrained"]), "--data", str(root / "chats.jsonl"), "--out", out, "--lr", "0"], 2,
          ["--lr 0"]),
+        *[([verb, str(i["pretrained"]), "--data", str(root / "chats.jsonl"), "--out", str(root / target)], 2, words)
+          for verb, target, words in [("sft", "foreign", ["holds no sft", "choose a new --out"]),
+                                      ("tone", "damaged", ["finetune.json", "not valid JSON"]),
+                                      ("sft", "earlier", ["another fine-tune", "data_sha256"]),
+                                      ("tone", "chats.jsonl", ["is a file"])]],
+        (["sft", str(i["pretrained"]), "--data", str(root / "missing.jsonl"), "--out", out], 2,
+         ["missing.jsonl", "--data"]),
         (["pii", str(root / "nomodel"), "--corpus", str(root / "raw" / "a.txt")], 2, ["no complete weights"]),
         (["leaks", "--holdout", str(i["holdout"]), "--corpus", str(root / "sjis.txt")], 2,
          ["sjis.txt", "byte offset", "--encoding"]),

@@ -24,6 +24,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_utils import get_last_checkpoint
 
 from hitoban.errors import InputError, OutputExistsError, UsageError
+from hitoban.files import read_json, require_file
 from hitoban.modeling.loading import check_model_folder
 from hitoban.provenance import sha256_file, weights_sha256, write_json, write_lineage
 from hitoban.training.data.chat import ChatFilter, read_conversations, read_holdout_pairs
@@ -126,23 +127,35 @@ def tracker_run_name(out: Path, record: dict) -> str:
     return f"{out.name}-{digest}"
 
 
-def claim_output(options: FinetuneOptions, record: dict) -> None:
+def check_output(options: FinetuneOptions, record: dict) -> None:
     """--out must be new, or this same fine-tune's folder (then it resumes): never the base model, another run's
-    folder or a model someone saved there, which the Trainer would overwrite."""
+    folder or a model someone saved there, which the Trainer would overwrite. Reads only, so that it can run before
+    the chat files are read (and on every rank)."""
     out, base = Path(options.out), Path(options.base)
     if out.resolve() == base.resolve():
         raise OutputExistsError(f"--out {out} is the base model itself; fine-tuning would overwrite its weights: "
                                 "choose a new folder")
+    if out.is_file():
+        raise OutputExistsError(f"--out {out} is a file; fine-tuning writes a model folder there: choose a new "
+                                "folder")
     if out.exists() and any(out.iterdir()):
         if not (out / RECORD).is_file():
             raise OutputExistsError(f"{out} already exists and holds no {options.stage} of this base (no {RECORD}): "
                                     "choose a new --out, or remove the folder to start over")
-        saved = json.loads((out / RECORD).read_text(encoding="utf-8"))
+        saved = read_json(out / RECORD, f"the record of the fine-tune in {out}",
+                          made_by=f"hitoban {options.stage}")
         changed = sorted(k for k in record.keys() | saved.keys() if record.get(k) != saved.get(k))
         if changed:
             raise OutputExistsError(f"{out} holds another fine-tune (different {', '.join(changed)}); resuming it "
                                     "with these data and options would mix two runs: choose a new --out, or remove "
                                     "the folder to start over")
+
+
+def claim_output(options: FinetuneOptions, record: dict) -> None:
+    """`check_output`, then mark --out as this fine-tune's folder: called once the data are known good, so that a
+    refused run leaves nothing behind."""
+    check_output(options, record)
+    out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / RECORD, record)
 
@@ -187,9 +200,10 @@ def finetune(options: FinetuneOptions, *, save_total_limit: int = 2, resume: boo
     o, lora = options, options.lora_settings()
     report_to = check_request(o, lora)
     base, out = Path(o.base), Path(o.out)
+    record = fine_tune_record(o)
+    check_output(o, record)  # before anything is read or printed
     tok = AutoTokenizer.from_pretrained(base)
     read_info, chat_filter, kept = read_and_filter(o, log)
-    record = fine_tune_record(o)
     claim_once(o, record)  # before anything is written there
     model = AutoModelForCausalLM.from_pretrained(base)
     max_length = model.config.max_position_embeddings
@@ -238,6 +252,10 @@ def check_request(o: FinetuneOptions, lora) -> list[str]:
         raise MaskError(f"{base}: the base folder needs its tokenizer and chat template (tokenizer.json, "
                         "chat_template.jinja); fine-tuning never retrains the tokenizer")
     check_model_folder(base, chat_template=True)  # the one model-folder check, before transformers reads it
+    for path in o.data:  # before the record hashes them
+        require_file(path, "chat data given to --data")
+    for path in o.exclude:
+        require_file(path, "held-out chats given to --exclude")
     return report_to
 
 
