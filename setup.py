@@ -42,7 +42,7 @@ setup(
         "matplotlib>=3.8",
     ],
     extras_require={
-        "dev": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "ruff>=0.6",
+        "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100", "ruff>=0.6",
                 # the Hub test double, the Space client and browser tests
                 "fastapi>=0.110", "uvicorn>=0.29", "gradio_client>=1.0", "selenium>=4.20",
                 # transformers' own common model tests (tests/modeling/test_transformers_common.py) import it

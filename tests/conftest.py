@@ -17,7 +17,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # pytest -n N (pyproject's addopts): N sessions
+if WORKERS > 1:  # each worker's torch (and the processes it starts) gets its share of the cores, not all of them:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // WORKERS)))  # idle threads spin
+
+import torch  # noqa: E402  (after OMP_NUM_THREADS, which torch reads once)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -39,6 +44,27 @@ def large_corpus_dir() -> tuple[Path, str]:
         return LARGE, f"larger corpus: {LARGE} (HITOBAN_SHARED or ../shared)"
     return CORPUS, (f"larger corpus: none at {LARGE} (set HITOBAN_SHARED to a folder holding corpus/): the slow "
                     f"tests that want more text ran on the repository's tests/corpus")
+
+
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """The folder of a session fixture, filled by `build(folder)` once per test run. pytest-xdist's workers are
+    sessions of their own: the first to ask builds under a file lock in the run's shared temporary folder and the
+    others wait and reuse it (the pattern of xdist's docs), so the demo's minutes are spent once, not per worker."""
+    if WORKERS == 1:
+        folder = tmp_path_factory.mktemp(name)
+        build(folder)
+        return folder
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp().parent  # pytest-N/, above every worker's popen-gwK/
+    folder, done = root / name, root / f"{name}.built"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():  # a build that failed left no mark: the next worker tries again, and fails the same
+            __import__("shutil").rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
 
 
 def network_available() -> bool:
@@ -97,13 +123,29 @@ def pytest_report_header(config):
     return [f"test corpus: {CORPUS}", large_corpus_dir()[1]]
 
 
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: its notes go to the controller, which prints
+        session.config.workeroutput["large_corpus_notes"] = LARGE_CORPUS_NOTES
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist's controller, as each worker ends: the workers' large-corpus notes, printed once at the end."""
+    LARGE_CORPUS_NOTES.extend(getattr(node, "workeroutput", {}).get("large_corpus_notes", []))
+
+
 def pytest_terminal_summary(terminalreporter):
-    for note in LARGE_CORPUS_NOTES:
+    for note in dict.fromkeys(LARGE_CORPUS_NOTES):  # once, however many workers asked
         terminalreporter.write_line(note)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `network` need the Hugging Face Hub; they skip cleanly on offline machines (and in CI)."""
+    """Files holding a slow test run first (in their order; each file keeps its own), so that xdist's workers,
+    handed one file at a time in this order, end on the many short files together rather than one of them waiting
+    out a four-minute file that came last. Tests marked `network` need the Hugging Face Hub; they skip cleanly on
+    offline machines (and in CI)."""
+    slow_files = {item.path for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable
     if any("network" in item.keywords for item in items) and not network_available():
         skip = pytest.mark.skip(reason="needs network access to huggingface.co (offline here)")
         for item in items:
@@ -147,10 +189,9 @@ def tokenizer_dir(tmp_path_factory, literature_texts) -> Path:
     """A 4,000-piece tokenizer trained on ~1M chars of real literature (about 10 s)."""
     from hitoban.training.data.tokenizer import train_tokenizer_from_texts
 
-    out = tmp_path_factory.mktemp("tok") / "tokenizer"
-    train_tokenizer_from_texts(literature_texts[:40], out, vocab_size=4000, max_chars=1_000_000,
-                               model_max_length=256)
-    return out
+    return built_once(tmp_path_factory, "tok", lambda folder: train_tokenizer_from_texts(
+        literature_texts[:40], folder / "tokenizer", vocab_size=4000, max_chars=1_000_000, model_max_length=256)
+    ) / "tokenizer"
 
 
 @pytest.fixture(scope="session")
@@ -175,13 +216,13 @@ def tiny_model_dir(tmp_path_factory, tokenizer_dir):
 
     from hitoban import HitobanConfig, HitobanForCausalLM
 
-    torch.manual_seed(0)
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    model = HitobanForCausalLM(HitobanConfig.from_preset("tiny", vocab_size=len(tok)))
-    out = tmp_path_factory.mktemp("tiny") / "model"
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    def build(folder: Path) -> None:
+        torch.manual_seed(0)
+        tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+        HitobanForCausalLM(HitobanConfig.from_preset("tiny", vocab_size=len(tok))).save_pretrained(folder / "model")
+        tok.save_pretrained(folder / "model")
+
+    return built_once(tmp_path_factory, "tiny", build) / "model"
 
 
 @pytest.fixture(scope="session")
@@ -192,14 +233,15 @@ def tiny_shards(tmp_path_factory, corpus) -> Path:
     from hitoban.training.data.shards import build_shards
     from hitoban.training.data.tokenizer import train_tokenizer_from_corpus
 
-    root = tmp_path_factory.mktemp("shards")
-    works = [str(p) for p in sorted((corpus / "literature").glob("0*.txt"))[:30]]
-    build_corpus([local_source(works, name="literature", doc_per_file=True)], root / "corpus",
-                 settings=FilterSettings(max_chars=60_000), progress=False)
-    train_tokenizer_from_corpus(root / "corpus", root / "tok", vocab_size=4000)
-    build_shards(root / "corpus", root / "tok", root / "shards", shard_tokens=80_000, val_every=8, context=64,
-                 progress=False)
-    return root / "shards"
+    def build(root: Path) -> None:
+        works = [str(p) for p in sorted((corpus / "literature").glob("0*.txt"))[:30]]
+        build_corpus([local_source(works, name="literature", doc_per_file=True)], root / "corpus",
+                     settings=FilterSettings(max_chars=60_000), progress=False)
+        train_tokenizer_from_corpus(root / "corpus", root / "tok", vocab_size=4000)
+        build_shards(root / "corpus", root / "tok", root / "shards", shard_tokens=80_000, val_every=8, context=64,
+                     progress=False)
+
+    return built_once(tmp_path_factory, "shards", build) / "shards"
 
 
 EXACT = dict(precision="no", compile="off")  # fp32 and eager on every machine: the same bits on both CPU kinds
@@ -220,10 +262,9 @@ def pretrained(tiny_shards, tmp_path_factory) -> Path:
     from hitoban.training.pretrain.options import PretrainConfig
     from hitoban.training.pretrain.trainer import pretrain
 
-    run = tmp_path_factory.mktemp("pre") / "run"
-    pretrain(PretrainConfig(data=str(tiny_shards), out=str(run), preset="tiny", context=128, steps=60, batch_size=8,
-                            lr=3e-3, eval_every=30, eval_batches=2, log_every=30, progress=False, cpu=True))
-    return run / "final"
+    return built_once(tmp_path_factory, "pre", lambda folder: pretrain(PretrainConfig(
+        data=str(tiny_shards), out=str(folder / "run"), preset="tiny", context=128, steps=60, batch_size=8, lr=3e-3,
+        eval_every=30, eval_batches=2, log_every=30, progress=False, cpu=True))) / "run" / "final"
 
 
 @pytest.fixture(scope="session")
@@ -238,11 +279,13 @@ def demo(tmp_path_factory):
 
     from hitoban.cli import main
 
-    out = tmp_path_factory.mktemp("demo") / "night"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(torch.cuda, "is_available", lambda: True)
-        patch.setattr(torch.backends.mps, "is_available", lambda: True)
-        patch.setattr(torch.cuda.random, "get_rng_state", lambda *_: torch.zeros(0, dtype=torch.uint8))
-        patch.setattr(torch.cuda.random, "set_rng_state", lambda *_: None)
-        assert main(["demo", "--quick", "--cpu", "--out", str(out)]) == 0
+    def build(folder: Path) -> None:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(torch.cuda, "is_available", lambda: True)
+            patch.setattr(torch.backends.mps, "is_available", lambda: True)
+            patch.setattr(torch.cuda.random, "get_rng_state", lambda *_: torch.zeros(0, dtype=torch.uint8))
+            patch.setattr(torch.cuda.random, "set_rng_state", lambda *_: None)
+            assert main(["demo", "--quick", "--cpu", "--out", str(folder / "night")]) == 0
+
+    out = built_once(tmp_path_factory, "demo", build) / "night"
     return out, json.loads((out / "report.json").read_text(encoding="utf-8"))
