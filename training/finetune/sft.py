@@ -130,7 +130,7 @@ def tracker_run_name(out: Path, record: dict) -> str:
 def check_output(options: FinetuneOptions, record: dict) -> None:
     """--out must be new, or this same fine-tune's folder (then it resumes): never the base model, another run's
     folder or a model someone saved there, which the Trainer would overwrite. Reads only, so that it can run before
-    the chat files are read (and on every rank)."""
+    the chat files are read."""
     out, base = Path(options.out), Path(options.base)
     if out.resolve() == base.resolve():
         raise OutputExistsError(f"--out {out} is the base model itself; fine-tuning would overwrite its weights: "
@@ -201,7 +201,8 @@ def finetune(options: FinetuneOptions, *, save_total_limit: int = 2, resume: boo
     report_to = check_request(o, lora)
     base, out = Path(o.base), Path(o.out)
     record = fine_tune_record(o)
-    check_output(o, record)  # before anything is read or printed
+    if PartialState().is_main_process:  # under DDP: another rank's check could see the main one's claim half-made
+        check_output(o, record)  # before anything is read or printed
     tok = AutoTokenizer.from_pretrained(base)
     read_info, chat_filter, kept = read_and_filter(o, log)
     claim_once(o, record)  # before anything is written there
