@@ -93,8 +93,9 @@ def test_the_16_sequence_point_trained_afresh_scored_what_bench_wds_run_did(benc
 
 def test_the_pages_reading_holds_the_default_loses_in_short_runs_and_not_in_longer_ones(bench):
     """docs/benchmarks.md and --batch-size's help: at 0.8M tokens both seeds put 16 sequences ahead of the default 32
-    by more than the 0.09 a seed moves a paired difference; at 3.3M tokens 16, 32 and 64 are within 0.02. A sweep
-    where a seed preferred 32 in the short budget, or where the long budget spread them apart, fails."""
+    by more than the 0.09 a seed moves a paired difference; at 3.3M tokens (two seeds) 16, 32 and 64 are within 0.03
+    and the default is the best. A sweep where a seed preferred 32 in the short budget, or where the long budget
+    spread them apart or put the default behind, fails."""
     bench_batch, _, _ = bench
     saved = json.loads((SAVED / "bench_batch.json").read_text())
     rows = {r["steps"]: r["grid"] for r in saved["rows"]}
@@ -102,10 +103,11 @@ def test_the_pages_reading_holds_the_default_loses_in_short_runs_and_not_in_long
     for seed in short["16"]["seeds"]:
         assert short["32"]["seeds"][seed] - short["16"]["seeds"][seed] > 0.09
     assert round(short["32"]["mean"] - short["16"]["mean"], 2) == 0.15
-    assert max(p["mean"] for p in long.values()) - min(p["mean"] for p in long.values()) < 0.02
+    assert max(p["mean"] for p in long.values()) - min(p["mean"] for p in long.values()) < 0.03
+    assert len(long["32"]["seeds"]) == 2 and long["32"]["mean"] == min(p["mean"] for p in long.values())
     from hitoban.cli import build_parser
     from hitoban.verbs.reference import verbs
 
     help_text = dict(verbs(build_parser()))["hitoban pretrain"].format_help()
-    assert "by 0.15 bits/char at 0.8M tokens" in " ".join(help_text.split())
-    assert bench_batch.behind_best({"grid": long}) == "+0.011"
+    assert "by 0.15 bits/char at 0.8M tokens; at 3.3M tokens 32 was best" in " ".join(help_text.split())
+    assert bench_batch.behind_best({"grid": long}) == "+0.000"  # the default is the best at 3.3M tokens
