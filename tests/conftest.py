@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -60,7 +61,7 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
     folder, done = root / name, root / f"{name}.built"
     with FileLock(str(root / f"{name}.lock")):
         if not done.exists():  # a build that failed left no mark: the next worker tries again, and fails the same
-            __import__("shutil").rmtree(folder, ignore_errors=True)
+            shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir()
             build(folder)
             done.touch()
@@ -116,7 +117,7 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    __import__("shutil").rmtree(TRACKIO_HOME, ignore_errors=True)
+    shutil.rmtree(TRACKIO_HOME, ignore_errors=True)
 
 
 def pytest_report_header(config):
