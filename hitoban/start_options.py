@@ -24,7 +24,8 @@ class DoctorOptions(Checked):
                                      f"test, {INSTALL_CHECK_STEPS} for --cpu)", min=1)
     seed: int = option(0, "seed for the tiny model and its batches", min=0)
     plant_fault: str | None = option(None, "prove the check can fail: the kill test's resume drops the optimizer "
-                                           "state (must FAIL)", choices=("drop-optimizer-state",))
+                                           "state (must FAIL; the checks after the kill test are not run)",
+                                     choices=("drop-optimizer-state",))
 
     def training_steps(self) -> int:
         return self.steps or (INSTALL_CHECK_STEPS if self.cpu else DEVICE_CHECK_STEPS)

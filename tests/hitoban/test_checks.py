@@ -85,9 +85,27 @@ def test_the_device_check_runs_the_night_on_this_device_and_fails_on_a_planted_f
     # the negative control: a resume that drops the optimizer state fails the doctor, through the command line
     assert main(["doctor", "--out", str(tmp_path / "fault"), "--steps", "30", "--plant-fault",
                  "drop-optimizer-state"]) == 1
-    failed = {c["name"]: c for c in json.loads((tmp_path / "fault" / "doctor.json").read_text())["checks"]}
+    fault = json.loads((tmp_path / "fault" / "doctor.json").read_text())
+    failed = {c["name"]: c for c in fault["checks"]}
     assert failed["kill and resume"]["passed"] is False and "killed_run_matches" in failed["kill and resume"]["detail"]
     assert "hitoban doctor failed on cpu: kill and resume" in capsys.readouterr().err
+    # the checks after the planted kill test are not run, and said so: a control never reads as a pass
+    assert list(failed) == ["device", "data", "kill and resume"] and not fault["passed"]
+    assert fault["not_run"] == [name for name in checks if name not in failed]
+    assert "Not run (--plant-fault drop-optimizer-state): night in-process" in (tmp_path / "fault" / "doctor.md"
+                                                                               ).read_text()
+
+
+def test_a_planted_fault_the_kill_test_does_not_see_fails_the_doctor(tmp_path, monkeypatch, capsys):
+    """The control's own negative side: were the kill test blind to the fault, --plant-fault must not exit 0 with
+    the later checks unrun (here the kill test is replaced by one that always passes)."""
+    from hitoban import device_check
+
+    monkeypatch.setattr(device_check, "_killtest", lambda *_: (True, "blind", None))
+    monkeypatch.setattr(device_check, "_data", lambda *_: (True, "stand-in", "held-out text"))
+    assert main(["doctor", "--out", str(tmp_path / "blind"), "--plant-fault", "drop-optimizer-state"]) == 1
+    assert "the kill test did not see the planted fault" in capsys.readouterr().err
+    assert not json.loads((tmp_path / "blind" / "doctor.json").read_text())["passed"]
 
 
 @pytest.mark.parametrize("verb", sorted(VERBS))

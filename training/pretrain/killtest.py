@@ -165,73 +165,119 @@ def run_killtest(data: str | os.PathLike, work: str | os.PathLike, options: list
         while pending:  # independent runs go in parallel on CPU cores; one at a time on a GPU (its memory)
             batch, pending = (pending, []) if parallel else (pending[:1], pending[1:])
             for out, proc in [(out, pretrain(out, extra)) for out, extra in batch]:
-                output, _ = proc.communicate()
-                if proc.returncode:
-                    raise RuntimeError(f"pretrain in {out.name} failed:\n{output[-3000:]}")
+                finish(out, proc)
 
     started = time.time()
-    run_to_end((work / "base1", {"state_digest_dir": str(digests)}), (work / "base2", None))
+    uninterrupted = [(work / "base1", {"state_digest_dir": str(digests)}), (work / "base2", None)]
+    if not parallel:
+        run_to_end(*uninterrupted)
+    killed = Path(killed_run) if killed_run else work / "killed"
+    shutil.rmtree(killed, ignore_errors=True)
+    control_source = work / "noopt"
+    # On the CPU each uninterrupted run trains beside one killed attempt (its own core): the harness's chain of
+    # process start-ups is three long instead of five
+    kill_steps = self_kill(killed, kills, log_every, pretrain, control_source, log,
+                           beside=uninterrupted if parallel else [])
     noise = max_weight_diff(work / "base1", work / "base2")
     log(f"noise floor (two uninterrupted runs): {noise:.3e}")
 
-    slot = current_slot(work / "base1")
-    step = TrainState.read(slot).step
-    restore = json.loads(subprocess.run([sys.executable, "-c", VERIFY_RESTORE, str(slot),
-                                         str(digests / f"step-{step}.json"), str(data)],
-                                        capture_output=True, text=True, env=env, check=True).stdout)
+    verify = _start_restore_check(work / "base1", digests, data, env)
+    try:
+        drop_optimizer_state(current_slot(control_source))  # re-sealed: deleting it by hand is damage (issue 35)
+        if plant_fault == "drop-optimizer-state":
+            drop_optimizer_state(current_slot(killed))
+        elif plant_fault is not None:
+            raise UsageError(f"unknown fault {plant_fault!r}; the one known is drop-optimizer-state")
+        run_to_end((killed, None), (control_source, None))
+        restore, batch_ok = _restore_result(verify, data, log)
+    finally:
+        if verify.poll() is None:
+            verify.kill()
+            verify.communicate()
+    return _judge(work, killed, control_source, noise, restore, batch_ok, kill_steps, kills, options, steps,
+                  log_every, started, log)
+
+
+def _start_restore_check(base: Path, digests: Path, data, env: dict) -> subprocess.Popen:
+    """[A] and [B] on `base`'s last save, on the CPU in a process of its own (it runs beside the last resumes)."""
+    slot = current_slot(base)
+    digest = digests / f"step-{TrainState.read(slot).step}.json"
+    return subprocess.Popen([sys.executable, "-c", VERIFY_RESTORE, str(slot), str(digest), str(data)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**env, "CUDA_VISIBLE_DEVICES": ""})
+
+
+def _restore_result(verify: subprocess.Popen, data, log) -> tuple[dict, bool]:
+    """The restore check's finding, and whether the child built the batches this process builds."""
+    output, errors = verify.communicate()
+    if verify.returncode:
+        raise RuntimeError(f"the restore check failed:\n{errors[-3000:]}")
+    restore = json.loads(output)
     batch_ok = restore.pop("batch_hash") == batch_hash(data)
     log(f"[B] batch determinism across processes: {'ok' if batch_ok else 'FAILED'}")
     log(f"[A] in-memory state before the save vs a fresh process's reload: "
         f"{'bit-exact' if restore['exact'] else 'MISMATCH ' + str(restore['mismatches'])} ({restore['tensors']} "
         f"tensors, step {restore['step']}, lr {restore['lr']:.3e})")
-
-    killed = Path(killed_run) if killed_run else work / "killed"
-    shutil.rmtree(killed, ignore_errors=True)
-    control_source = work / "noopt"
-    kill_steps = self_kill(killed, kills, log_every, pretrain, control_source, log)
-    drop_optimizer_state(current_slot(control_source))  # re-sealed: deleting it by hand is damage (issue 35)
-    if plant_fault == "drop-optimizer-state":
-        drop_optimizer_state(current_slot(killed))
-    elif plant_fault is not None:
-        raise UsageError(f"unknown fault {plant_fault!r}; the one known is drop-optimizer-state")
-    run_to_end((killed, None), (control_source, None))
-    return _judge(work, killed, control_source, noise, restore, batch_ok, kill_steps, kills, options, steps,
-                  log_every, started, log)
+    return restore, batch_ok
 
 
-def self_kill(killed: Path, kills: int, log_every: int, pretrain, first_copy: Path, log) -> list[int]:
+def finish(out: Path, proc: subprocess.Popen) -> None:
+    """Wait for a harness run; its output's tail in the error where it failed."""
+    output, _ = proc.communicate()
+    if proc.returncode:
+        raise RuntimeError(f"pretrain in {out.name} failed:\n{output[-3000:]}")
+
+
+def self_kill(killed: Path, kills: int, log_every: int, pretrain, first_copy: Path, log,
+              beside: list[tuple[Path, dict | None]] = ()) -> list[int]:
     """SIGKILL the run `kills` times (the first inside a save, after a complete checkpoint exists); copies the run
-    as the first kill left it to `first_copy` (the control resumes from there without optimizer state)."""
-    kill_steps = []
+    as the first kill left it to `first_copy` (the control resumes from there without optimizer state). `beside`:
+    independent runs, one started with each attempt and `finish`ed after it (those left over, after the last)."""
+    kill_steps, waiting = [], list(beside)
     for attempt in range(kills):
         mid_save = attempt == 0
-        proc = pretrain(killed, {"pause_in_save": 1} if mid_save else None)
-        deadline = time.time() + 600
-        while proc.poll() is None and time.time() < deadline:
-            if mid_save and (killed / "SAVING").exists():
-                try:  # kill inside a save that has a complete checkpoint before it (needed by the control)
-                    if int((killed / "SAVING").read_text()) > 5:
-                        break
-                except (ValueError, FileNotFoundError):  # half-written, or the save ended between the two looks
-                    pass
-            if not mid_save and (killed / "log.jsonl").exists():
-                steps_logged, _ = train_losses(killed)
-                if steps_logged and max(steps_logged) >= (kill_steps[-1] if kill_steps else 0) + 2 * log_every:
-                    break
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate()
-        slot = current_slot(killed)
-        if slot is None:
-            raise UsageError("the first kill came before any checkpoint; use more --steps")
-        survived = TrainState.read(slot).step
-        kill_steps.append(survived)
+        companion = (waiting[0][0], pretrain(*waiting.pop(0))) if waiting else None
+        try:
+            kill_steps.append(_kill_once(killed, mid_save, kill_steps, log_every, pretrain))
+        except BaseException:
+            if companion is not None:  # no orphan training on after the harness failed
+                companion[1].kill()
+                companion[1].communicate()
+            raise
+        if companion is not None:
+            finish(*companion)
         log(f"[C] SIGKILL {attempt + 1}{' during a save' if mid_save else ''}: last complete checkpoint at step "
-            f"{survived}" + (f"; half-written slot left: {sorted(p.name for p in killed.glob('ckpt-*'))}"
-                              if mid_save else ""))
+            f"{kill_steps[-1]}" + (f"; half-written slot left: {sorted(p.name for p in killed.glob('ckpt-*'))}"
+                                   if mid_save else ""))
         if attempt == 0:
             shutil.copytree(killed, first_copy)
+    for out, hooks in waiting:
+        finish(out, pretrain(out, hooks))
     return kill_steps
+
+
+def _kill_once(killed: Path, mid_save: bool, kill_steps: list[int], log_every: int, pretrain) -> int:
+    """One attempt: start (or resume) the run, SIGKILL it inside a save or two log windows on; the step it kept."""
+    proc = pretrain(killed, {"pause_in_save": 1} if mid_save else None)
+    deadline = time.time() + 600
+    while proc.poll() is None and time.time() < deadline:
+        if mid_save and (killed / "SAVING").exists():
+            try:  # kill inside a save that has a complete checkpoint before it (needed by the control)
+                if int((killed / "SAVING").read_text()) > 5:
+                    break
+            except (ValueError, FileNotFoundError):  # half-written, or the save ended between the two looks
+                pass
+        if not mid_save and (killed / "log.jsonl").exists():
+            steps_logged, _ = train_losses(killed)
+            if steps_logged and max(steps_logged) >= (kill_steps[-1] if kill_steps else 0) + 2 * log_every:
+                break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    slot = current_slot(killed)
+    if slot is None:
+        raise UsageError("the first kill came before any checkpoint; use more --steps")
+    return TrainState.read(slot).step
 
 
 def _judge(work: Path, killed: Path, control: Path, noise: float, restore: dict, batch_ok: bool,
