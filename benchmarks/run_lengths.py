@@ -104,22 +104,32 @@ def report(saved: dict, title: str, short: str, columns: list[str], cells: Calla
                                          f"`{row['command']}`"]) + " |")
     fitted = length_exponent(saved["rows"])
     if fitted:
-        first, last, k = fitted
-        lines += ["", f"The optimum {short} scales as steps ^ {k:.2f} between {first['steps']} and {last['steps']} "
-                      f"steps ({predictions})."]
+        inside, k = fitted
+        span = f"between {inside[0]['steps']} and {inside[-1]['steps']} steps"
+        if len(inside) > 2:  # the least-squares slope, and each neighbouring pair's, to show how straight the line is
+            pairs = ", ".join(f"{a['steps']}-{b['steps']}: ^ {slope(a, b):.2f}" for a, b in zip(inside, inside[1:]))
+            span = f"by least squares over {len(inside)} lengths {span} (between neighbours {pairs})"
+        lines += ["", f"The optimum {short} scales as steps ^ {k:.2f} {span} ({predictions})."]
     else:
         lines += ["", "Fewer than two lengths have an optimum inside their grid: no exponent is fitted."]
     return lines
 
 
-def length_exponent(rows: list[dict]) -> tuple[dict, dict, float] | None:
-    """(first row, last row, k) with the optimum ~ steps ^ k between the shortest and longest lengths whose optimum
-    lies inside their grid; None below two such lengths."""
+def slope(a: dict, b: dict) -> float:
+    return math.log(b["optimum"] / a["optimum"]) / math.log(b["steps"] / a["steps"])
+
+
+def length_exponent(rows: list[dict]) -> tuple[list[dict], float] | None:
+    """(the rows used, k) with optimum ~ steps ^ k fitted by least squares in log-log over the lengths whose optimum
+    lies inside their grid (with two, the slope between them); None below two such lengths."""
     inside = [r for r in rows if r["inside_grid"]]
     if len(inside) < 2:
         return None
-    first, last = inside[0], inside[-1]
-    return first, last, math.log(last["optimum"] / first["optimum"]) / math.log(last["steps"] / first["steps"])
+    x = [math.log(r["steps"]) for r in inside]
+    y = [math.log(r["optimum"]) for r in inside]
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    k = sum((a - mx) * (b - my) for a, b in zip(x, y)) / sum((a - mx) ** 2 for a in x)
+    return inside, k
 
 
 def arguments(doc: str, grid: list[float], grid_help: str, out: str, name: str) -> argparse.Namespace:

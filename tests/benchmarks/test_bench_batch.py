@@ -5,6 +5,7 @@ sweep against docs/benchmarks.md."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from conftest import REPO
@@ -111,3 +112,26 @@ def test_the_pages_reading_holds_the_default_loses_in_short_runs_and_not_in_long
     help_text = dict(verbs(build_parser()))["hitoban pretrain"].format_help()
     assert "by 0.15 bits/char at 0.8M tokens; at 3.3M tokens 32 was best" in " ".join(help_text.split())
     assert bench_batch.behind_best({"grid": long}) == "+0.000"  # the default is the best at 3.3M tokens
+
+
+def test_the_optimum_batch_grows_with_the_budget_but_not_along_one_power_law(bench):
+    """The page's reading of the three budgets (0.2M, 0.8M, 3.3M tokens): each optimum inside its grid and larger
+    than the last, and the slope between the last two budgets over three times the first two's, the bend that
+    keeps the product from adopting one exponent. Recomputed from the saved grid points, not the saved optima."""
+    import numpy as np
+
+    saved = json.loads((SAVED / "bench_batch.json").read_text())
+    rows = sorted(saved["rows"], key=lambda r: r["steps"])
+    assert [r["steps"] for r in rows] == [50, 200, 800] and all(r["inside_grid"] for r in rows)
+    optima = []
+    for row in rows:  # the vertex of the parabola in log2(batch) through the best point and its two neighbours
+        points = sorted((float(v), p["mean"]) for v, p in row["grid"].items())
+        best = min(range(len(points)), key=lambda i: points[i][1])
+        assert 0 < best < len(points) - 1
+        near = points[best - 1:best + 2]
+        a, b, _ = np.polyfit([np.log2(v) for v, _ in near], [m for _, m in near], 2)
+        optima.append(2 ** (-b / (2 * a)))
+    assert optima == pytest.approx([r["optimum"] for r in rows], rel=1e-6) and optima == sorted(optima)
+    first, second = (math.log(b / a) / math.log(4) for a, b in zip(optima, optima[1:]))
+    assert 0 < first < second / 3
+    assert "steps ^ 0.28 by least squares over 3 lengths" in (SAVED / "bench_batch.md").read_text()

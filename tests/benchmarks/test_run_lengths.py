@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 from conftest import REPO
@@ -118,3 +119,28 @@ def test_the_reports_length_exponent_is_the_slope_whatever_its_sign(benchmarks, 
     k = math.log(last / first) / math.log(lengths[1] / lengths[0])
     assert f"steps ^ {k:.2f} between {lengths[0]} and {lengths[1]} steps" in line
     assert "--" not in line
+
+
+@settings(max_examples=100, deadline=None)
+@given(optima=st.lists(st.floats(0.01, 100), min_size=3, max_size=6),
+       lengths=st.lists(st.integers(10, 50_000), min_size=6, max_size=6, unique=True))
+def test_over_three_or_more_lengths_the_exponent_is_the_least_squares_slope(benchmarks, optima, lengths):
+    """With three budgets the sentence gives the log-log least-squares slope (numpy's fit, computed here) and each
+    neighbouring pair's slope; a length whose optimum sits at its grid's edge is left out of both."""
+    import numpy as np
+
+    _, bench_warmup = benchmarks
+    point = {"literature": 5.0, "web": 7.0, "mean": 6.0}
+    steps = sorted(lengths)[:len(optima)]
+    rows = [{"steps": n, "grid": {"1": point}, "optimum": optimum, "inside_grid": True, "machine": "m",
+             "date": "d", "command": "c"} for n, optimum in zip(steps, optima)]
+    edge = {**rows[0], "steps": 1, "optimum": 1e6, "inside_grid": False}  # would pull any fit that read it
+    line = bench_warmup.report({"width": 256, "lr": 0.0127, "train_tokens": 10**9, "rows": [edge, *rows]})[-1]
+    found = re.search(rf"steps \^ (-?[\d.]+) by least squares over {len(steps)} lengths between {steps[0]} and "
+                      rf"{steps[-1]} steps \(between neighbours (.*?)\) \(", line)
+    assert found, line
+    printed = [float(x) for x in re.findall(r"\^ (-?[\d.]+)", found[2])]
+    expected = [math.log(ob / oa) / math.log(b / a) for a, b, oa, ob in zip(steps, steps[1:], optima, optima[1:])]
+    assert re.findall(r"(\d+)-(\d+):", found[2]) == [(str(a), str(b)) for a, b in zip(steps, steps[1:])]
+    assert float(found[1]) == pytest.approx(np.polyfit(np.log(steps), np.log(optima), 1)[0], abs=0.0051)
+    assert printed == pytest.approx(expected, abs=0.0051)  # two decimals each
