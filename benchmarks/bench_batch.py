@@ -18,14 +18,21 @@ of bench_wd's run), so a sweep may reuse those runs (copy the run folders: `w256
     python benchmarks/bench_batch.py --width 256 --seeds 1234 7 --steps 200 --grid 8 16 32 64 --out bench-batch
     python benchmarks/bench_batch.py --width 256 --steps 800 --grid 16 32 64 --no-widen --out bench-batch   # adds
     python benchmarks/bench_batch.py --from benchmarks/results/batch-tokens-2026-12-06/bench_batch.json --out /tmp/bb
+    python benchmarks/bench_batch.py --width 256 --seeds 1234 7 --steps 200 --grid 16 32 64 --no-widen \
+        --lr-scaling sqrt --out bench-batch-sqrt   # the lrs scaled with the batch (a sweep of its own)
 """
 
 from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import replace
 
 import run_lengths
 from bench_lr import BATCH
 from run_lengths import Knob
 
+from hitoban.training.optimizer import adamw_group_lr_for_width, lr_for_width
 from hitoban.training.pretrain.options import TrainingOptions
 
 DEFAULT_BATCH = TrainingOptions.__dataclass_fields__["batch_size"].default  # the product's
@@ -44,6 +51,27 @@ def steps_at(batch: float, steps: int) -> int:
 
 BATCH_SIZE = Knob("--batch-size", "b", fixed={"--warmup-steps": 0}, factor=2,
                   bounds=lambda steps: (2, steps * BATCH / MIN_STEPS), steps_for=steps_at)
+
+
+def sqrt_rates(batch: float, width: int) -> dict:
+    """Both groups' lrs at their width rules (fitted at 16 sequences a step) times sqrt(batch / 16): nanochat's
+    scaling of its rates with the batch."""
+    scale = math.sqrt(batch / BATCH)
+    return {"--lr": lr_for_width(width) * scale, "--adamw-lr": adamw_group_lr_for_width(width) * scale}
+
+
+SQRT_SCALED = replace(BATCH_SIZE, tag="bsq", flags_for=sqrt_rates,
+                      note="Muon and AdamW's group at their rules x sqrt(batch / 16)")
+
+
+def knob_for(args: argparse.Namespace) -> Knob:
+    return SQRT_SCALED if args.lr_scaling == "sqrt" else BATCH_SIZE
+
+
+def lr_scaling(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--lr-scaling", choices=["none", "sqrt"], default="none",
+                        help="none: the lrs stay at their width rules whatever the batch, as in the product (default); "
+                             "sqrt: both groups' lrs times sqrt(batch / 16), nanochat's scaling (its own run folders)")
 
 
 def seconds(row: dict) -> str:
@@ -68,8 +96,9 @@ def report(saved: dict) -> list[str]:
 
 
 def main() -> None:
-    run_lengths.main(__doc__, BATCH_SIZE, "bench_batch", [8, 16, 32, 64],
-                     "sequences a step tried at every budget (widened by 2x past an edge that wins)", report)
+    run_lengths.main(__doc__, knob_for, "bench_batch", [8, 16, 32, 64],
+                     "sequences a step tried at every budget (widened by 2x past an edge that wins)", report,
+                     lr_scaling)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ class Knob:
     factor: float | None = 4.0
     bounds: Callable[[int], tuple[float, float]] = lambda steps: (0.0, math.inf)
     steps_for: Callable[[float, int], int] = lambda value, steps: steps
+    flags_for: Callable[[float, int], dict] = lambda value, width: {}  # more flags that follow the value (the lrs)
+    note: str = ""  # what the flags that follow the value do, for the report's title
 
 
 def sweep_length(shards: Path, domains: dict, out: Path, width: int, steps: int, knob: Knob, grid: list[float],
@@ -48,7 +50,8 @@ def sweep_length(shards: Path, domains: dict, out: Path, width: int, steps: int,
 
     def evaluate(value: float) -> float:
         scores[value] = seeded_point(shards, domains, out, f"w{width}-s{steps}-{knob.tag}{value:g}", "small",
-                                     shape(width), {knob.flag: value, **knob.fixed}, knob.steps_for(value, steps),
+                                     shape(width), {knob.flag: value, **knob.fixed, **knob.flags_for(value, width)},
+                                     knob.steps_for(value, steps),
                                      seeds)
         return scores[value]["mean"]
 
@@ -71,7 +74,7 @@ def sweep(args: argparse.Namespace, knob: Knob, out: Path, name: str) -> dict:
         before = json.loads(earlier.read_text())
         if before["width"] == args.width:
             rows = {**{row["steps"]: row for row in before["rows"]}, **rows}
-    return {"width": args.width, "lr": lr_for_width(args.width),
+    return {"width": args.width, "lr": lr_for_width(args.width), **({"lr_note": knob.note} if knob.note else {}),
             "train_tokens": load_index(shards)["splits"]["train"]["tokens"],
             "rows": [rows[steps] for steps in sorted(rows)]}
 
@@ -92,7 +95,8 @@ def report(saved: dict, title: str, short: str, columns: list[str], cells: Calla
     `columns` (`cells` of a row), then how the optimum scales with the run's length against `predictions`."""
     width, lr, train_tokens = saved["width"], saved["lr"], saved["train_tokens"]
     headers = ["steps", "passes", f"{columns[0]}", f"optimum {short}", *columns[1:], "machine", "date", "command"]
-    lines = [f"{title} across run lengths at width {width} (Muon lr {lr:g}, its rule), lengths in steps of "
+    rates = saved.get("lr_note") or f"Muon lr {lr:g}, its rule"
+    lines = [f"{title} across run lengths at width {width} ({rates}), lengths in steps of "
              f"{BATCH} x {CONTEXT} tokens, {train_tokens:,} training tokens; score: mean held-out bits/char "
              "(literature, web).", "",
              "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
@@ -125,6 +129,8 @@ def length_exponent(rows: list[dict]) -> tuple[list[dict], float] | None:
     inside = [r for r in rows if r["inside_grid"]]
     if len(inside) < 2:
         return None
+    if len(inside) == 2:
+        return inside, slope(*inside)
     x = [math.log(r["steps"]) for r in inside]
     y = [math.log(r["optimum"]) for r in inside]
     mx, my = sum(x) / len(x), sum(y) / len(y)
@@ -132,8 +138,11 @@ def length_exponent(rows: list[dict]) -> tuple[list[dict], float] | None:
     return inside, k
 
 
-def arguments(doc: str, grid: list[float], grid_help: str, out: str, name: str) -> argparse.Namespace:
+def arguments(doc: str, grid: list[float], grid_help: str, out: str, name: str,
+              more: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if more:
+        more(parser)  # the option's own arguments
     parser.add_argument("--width", type=int, default=256, help="hidden size (depth 4, the small shape)")
     parser.add_argument("--steps", type=int, nargs="+", default=[200, 800], help="run lengths, steps of 16 x 256")
     parser.add_argument("--grid", type=float, nargs="+", default=grid, help=grid_help)
@@ -148,10 +157,12 @@ def arguments(doc: str, grid: list[float], grid_help: str, out: str, name: str) 
     return parser.parse_args()
 
 
-def main(doc: str, knob: Knob, name: str, grid: list[float], grid_help: str, report: Callable[[dict], list[str]]
-         ) -> None:
-    args = arguments(doc, grid, grid_help, name.replace("_", "-"), name)
+def main(doc: str, knob: Knob | Callable[[argparse.Namespace], Knob], name: str, grid: list[float], grid_help: str,
+         report: Callable[[dict], list[str]], more: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
+    """`knob`, or a function of the arguments (with `more`'s) that picks it."""
+    args = arguments(doc, grid, grid_help, name.replace("_", "-"), name, more)
     out = Path(args.out)
+    knob = knob if isinstance(knob, Knob) else knob(args)
     saved = json.loads(Path(args.saved).read_text()) if args.saved else sweep(args, knob, out, name)
     lines = report(saved)
     out.mkdir(parents=True, exist_ok=True)

@@ -64,6 +64,31 @@ def test_the_16_sequence_run_is_bench_wds_run_at_the_default_decay(bench, tmp_pa
     assert larger["steps"] * larger["batch_size"] == wd_run["steps"] * wd_run["batch_size"]
 
 
+@pytest.mark.parametrize("batch", [8, 16, 32, 64])
+def test_the_sqrt_scaled_sweep_moves_only_the_two_lrs_and_at_16_is_the_rules_run(bench, tmp_path, batch):
+    """--lr-scaling sqrt: a point's run is the plain sweep's at that batch but for Muon's and AdamW's group lr, each
+    its width rule x sqrt(batch / 16) (computed here from the rules); at 16 sequences those are the numbers
+    `hitoban pretrain` resolves by default (so the plain sweep's 16-sequence runs are this sweep's too, copied). The
+    runs have folders of their own: the two sweeps never read each other's points."""
+    bench_batch, bench_lr, _ = bench
+    from hitoban.training.optimizer import OptimizerOptions, adamw_group_lr_for_width, lr_for_width
+
+    def argv(knob) -> list[str]:
+        flags = {knob.flag: batch, **knob.fixed, **knob.flags_for(batch, 256), "--seed": 7}
+        return bench_lr.pretrain_argv(tmp_path, tmp_path / "run", "small", flags, knob.steps_for(batch, 200))
+
+    plain, scaled = parsed(argv(bench_batch.BATCH_SIZE)), parsed(argv(bench_batch.SQRT_SCALED))
+    assert {k for k in plain if plain[k] != scaled[k]} == {"lr", "adamw_lr"}
+    scale = math.sqrt(batch / 16)
+    assert scaled["lr"] == pytest.approx(lr_for_width(256) * scale, rel=1e-5)
+    assert scaled["adamw_lr"] == pytest.approx(adamw_group_lr_for_width(256) * scale, rel=1e-5)
+    if batch == 16:
+        resolved = OptimizerOptions(optimizer="muon")
+        resolved.resolve_lr(256)
+        assert (scaled["lr"], scaled["adamw_lr"]) == (resolved.lr, resolved.adamw_lr)
+    assert bench_batch.SQRT_SCALED.tag != bench_batch.BATCH_SIZE.tag
+
+
 def test_the_default_batch_is_the_products(bench):
     bench_batch, _, _ = bench
     from hitoban.cli import build_parser
@@ -135,3 +160,22 @@ def test_the_optimum_batch_grows_with_the_budget_but_not_along_one_power_law(ben
     first, second = (math.log(b / a) / math.log(4) for a, b in zip(optima, optima[1:]))
     assert 0 < first < second / 3
     assert "steps ^ 0.28 by least squares over 3 lengths" in (SAVED / "bench_batch.md").read_text()
+
+
+SQRT = REPO / "benchmarks" / "results" / "batch-lr-sqrt-2026-12-06"
+
+
+def test_scaling_the_lrs_by_sqrt_batch_does_not_win_the_larger_batches_back(bench):
+    """docs/benchmarks.md's reading of the sqrt-scaled sweep at 0.8M tokens: 16 sequences stay best; at 32 the
+    scaled lrs scored worse than the rules' for both seeds, and at 64 the seeds split (one better, one worse), so no
+    batch term joins the lr rules. The 16-sequence point is the plain sweep's runs (the same numbers, copied)."""
+    bench_batch, _, _ = bench
+    scaled = json.loads((SQRT / "bench_batch.json").read_text())
+    assert bench_batch.report(scaled) == (SQRT / "bench_batch.md").read_text().splitlines()
+    assert scaled["lr_note"] == bench_batch.SQRT_SCALED.note
+    plain = {r["steps"]: r["grid"] for r in json.loads((SAVED / "bench_batch.json").read_text())["rows"]}[200]
+    (row,) = scaled["rows"]
+    grid = row["grid"]
+    assert row["steps"] == 200 and min(grid, key=lambda v: grid[v]["mean"]) == "16" and grid["16"] == plain["16"]
+    assert all(grid["32"]["seeds"][seed] > plain["32"]["seeds"][seed] for seed in ("1234", "7"))
+    assert sorted(grid["64"]["seeds"][seed] < plain["64"]["seeds"][seed] for seed in ("1234", "7")) == [False, True]
