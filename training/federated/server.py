@@ -21,6 +21,7 @@ import json
 import math
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -95,18 +96,27 @@ def plan_budget(options: ServeOptions, train: ShardReader) -> tuple:
     return config, context, budget
 
 
+def grid_clock(grid) -> Callable[[], float]:
+    """The clock replies are timed by: the server's own, or the grid's where it keeps one (an in-process grid whose
+    machines train one after another says when each reply would have arrived had they trained side by side)."""
+    return getattr(grid, "clock", time.time)
+
+
 def exchange(grid, messages: list[Message], timeout: float) -> list[tuple[Message, float]]:
     """Flower's send_and_receive, with the server's own clock time at which each reply arrived: a machine's speed
-    is measured here, never taken from its reply. A grid without push/pull gives every reply the round's end."""
+    is measured here, never taken from its reply. A grid without push/pull gives every reply the round's end. The
+    server asks again at once while replies keep coming, and waits POLL_SECONDS when a poll brought none."""
+    clock = grid_clock(grid)
     if not hasattr(grid, "push_messages"):
         replies = list(grid.send_and_receive(messages, timeout=timeout))
-        return [(reply, time.time()) for reply in replies]
-    waiting, arrived, deadline = set(grid.push_messages(messages)), [], time.time() + timeout
-    while waiting and time.time() < deadline:
-        for reply in list(grid.pull_messages(set(waiting))):
-            arrived.append((reply, time.time()))
+        return [(reply, clock()) for reply in replies]
+    waiting, arrived, deadline = set(grid.push_messages(messages)), [], clock() + timeout
+    while waiting and clock() < deadline:
+        replies = list(grid.pull_messages(set(waiting)))
+        for reply in replies:
+            arrived.append((reply, clock()))
             waiting.discard(reply.metadata.reply_to_message_id)
-        if waiting:
+        if waiting and not replies:
             time.sleep(POLL_SECONDS)
     return arrived
 
@@ -309,7 +319,8 @@ class Server:
                             dst_node_id=node, message_type=MessageType.TRAIN) for node, task in tasks.items()]
         self.log(f"round {round_}: {len(tasks)} machine(s), windows "
                  + ", ".join(f"{self._name(n)} [{t.start:,}, {t.end:,})" for n, t in tasks.items()))
-        began = time.time()
+        clock = grid_clock(grid)
+        began = clock()
         arrivals = exchange(grid, messages, self.options.lease_minutes * 60)
         # which node a reply answers: by the message it replies to (the SuperLink's own errors, e.g. a node gone
         # offline, come from node 1); the sender is then checked against the task's node (`refusal`)
@@ -352,7 +363,7 @@ class Server:
             round_tokens += task.windows * self.context
         self.state.step = round_
         self.state.tokens_seen = self.queue.completed_windows * self.context
-        seconds = time.time() - began
+        seconds = clock() - began
         kept = [(checked[n], tasks[n]) for n in accepted]
         record = {"type": "round", "round": round_, "machines": len(tasks), "accepted": len(accepted),
                   "tokens": round_tokens, "tokens_seen": self.state.tokens_seen, "seconds": round(seconds, 2),

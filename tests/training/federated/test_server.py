@@ -24,6 +24,7 @@ from hitoban.training.federated.server import OPTIONS_FILE, NoMachineCanTrain, S
 
 TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 1  # what a ServerApp process has set
 CTX, BATCH, STEPS = 64, 8, 12
+TOK_S = 1e4  # an in-process machine's speed on the grid's clock: a 4-step task (2,048 tokens) takes 0.2 s
 
 
 class Crash(Exception):
@@ -33,11 +34,18 @@ class Crash(Exception):
 class LocalGrid:
     """Flower's Grid, in-process: each message goes to a Machine through the ClientApp's own reply code. `silent`
     (round, node) pairs never answer (a machine that misses its lease); `nan` nodes send NaN deltas; `crash_at` a
-    round where the server dies before sending."""
+    round where the server dies before sending. The machines train one after another here, so the grid keeps its own
+    clock (`clock`, which the server times replies by): each reply arrives when it would have had the machines trained
+    side by side, at `tok_s` tokens per second each (equal unless given), which makes a run's task sizes, and so its
+    result, the same every time."""
 
-    def __init__(self, machines: dict[int, Machine], silent=(), nan=(), crash_at=None):
+    def __init__(self, machines: dict[int, Machine], silent=(), nan=(), crash_at=None, tok_s=None):
         self.machines, self.silent, self.nan, self.crash_at = machines, set(silent), set(nan), crash_at
-        self.round = 0
+        self.tok_s = {node: TOK_S for node in machines} | dict(tok_s or {})
+        self.round, self.now, self.pending = 0, 0.0, []
+
+    def clock(self) -> float:
+        return self.now
 
     def get_node_ids(self):
         return list(self.machines)
@@ -65,13 +73,22 @@ class LocalGrid:
 
     # the server's own loop (server.exchange): push, then pull the replies as they arrive
     def push_messages(self, messages):
-        messages = list(messages)
-        self.pulled = self.send_and_receive(messages)
+        messages, began = list(messages), self.now
+        tokens = {m.metadata.dst_node_id: (m.content.config_records[TASK]["end"]
+                                           - m.content.config_records[TASK]["start"]) * CTX for m in messages}
+        replies = self.send_and_receive(messages)
+        self.pending = sorted(((began + tokens[r.metadata.src_node_id] / self.tok_s[r.metadata.src_node_id], i, r)
+                               for i, r in enumerate(replies)), key=lambda p: p[:2])
         return [m.metadata.message_id for m in messages]
 
     def pull_messages(self, message_ids):
-        replies, self.pulled = self.pulled, []
-        return [r for r in replies if r.metadata.reply_to_message_id in message_ids]
+        """The next reply to arrive, the clock moved to its arrival; none left: the clock runs past any lease."""
+        if not self.pending:
+            self.now += 1e6
+            return []
+        arrival, _, reply = self.pending.pop(0)
+        self.now = max(self.now, arrival)
+        return [reply] if reply.metadata.reply_to_message_id in message_ids else []
 
 
 def start(tiny_shards, run, **overrides):
@@ -113,6 +130,26 @@ def test_a_missed_lease_and_a_nan_delta_lose_their_task_and_every_token_is_train
     assert (run / "final" / "tokenizer.json").exists()
 
 
+@pytest.mark.slow  # three tiny federated nights (~25 s)
+def test_the_same_machines_at_the_same_speeds_train_the_same_night_and_a_slower_one_smaller_tasks(tiny_shards,
+                                                                                                   tmp_path):
+    """Task sizes follow the speeds the server measures, so a night is a function of those speeds: the same machines
+    at the same speeds end on the same weights, bit for bit (the adversary test below failed now and then while the
+    in-process grid's replies were timed by the wall clock, and a task size flipped between 3 and 4 steps). A machine
+    at half the speed gets half the steps: both probe 2 steps (32 of the 96 windows), then "a" 4 steps and "b" 2 (80
+    done), and "a", the fastest, takes the last 16 alone: 64 windows against 32."""
+    def night(name: str, tok_s=None) -> dict:
+        grid = LocalGrid(machines(tiny_shards, tmp_path / name), tok_s=tok_s)
+        return start(tiny_shards, tmp_path / name / "run").serve(grid)
+
+    first, again = night("first"), night("again")
+    assert first["final_weights_sha256"] == again["final_weights_sha256"]
+    assert first["per_machine"]["a"]["windows"] == first["per_machine"]["b"]["windows"] == BATCH * STEPS // 2
+    slower = night("slower", {11: TOK_S / 2})
+    assert (slower["per_machine"]["a"]["windows"], slower["per_machine"]["b"]["windows"]) == (8 * BATCH, 4 * BATCH)
+    assert slower["final_weights_sha256"] != first["final_weights_sha256"]  # the control: sizes change the night
+
+
 def test_the_control_without_losses_nothing_is_reissued(tiny_shards, tmp_path):
     """Negative control for the test above: the same run with no silent machine and no NaN reissues nothing (so
     the reissues counted there came from the planted faults)."""
@@ -147,10 +184,9 @@ def test_a_machine_with_a_changed_shard_is_refused_by_name_before_it_trains(tiny
 
 @pytest.mark.slow
 def test_a_server_killed_between_rounds_resumes_to_the_uninterrupted_model(tiny_shards, tmp_path):
-    """One inner step per task: the plan cannot depend on measured speeds (which differ between runs), so the two
-    runs train the same tasks and must end bit for bit equal."""
     """Restarted with another --min-machines (one machine is gone for good), the run keeps the lr schedule it started
-    with: the control, a whole run with --min-machines 1, ends elsewhere."""
+    with: the control, a whole run with --min-machines 1, ends elsewhere. One inner step per task, so the plan does not
+    depend on the speeds either (the restarted server has one machine where the whole run had two)."""
     fixed = dict(inner_steps=1, probe_steps=1, min_machines=2)
     whole = start(tiny_shards, tmp_path / "whole", **fixed).serve(LocalGrid(machines(tiny_shards, tmp_path / "w")))
     run = tmp_path / "run"
