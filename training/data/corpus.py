@@ -278,11 +278,12 @@ def _write_documents(tmp: Path, sources: list[Source], targets: dict[str, float]
         bar = tqdm(total=target_chars, unit="char", unit_scale=True, desc="corpus", disable=not progress or None)
         for source in sources:
             docs = chars = seen = 0
-            for found in examined(source.documents(), doc_filter.settings, workers):
+            masking = None if masker is None else (masker.salt,)
+            for found in examined(source.documents(), doc_filter.settings, workers, masking):
                 seen += 1
-                for text in doc_filter.admit(found):  # a long document's pieces are documents of their own
-                    if masker is not None:
-                        text = _mask(text, masker, pii_log)
+                for piece in doc_filter.admit(found):  # a long document's pieces are documents of their own
+                    text = found.pieces[piece][0] if masker is None else _masked(found.masked[piece], masker,
+                                                                                    pii_log)
                     line = json.dumps({"text": text, "source": source.name}, ensure_ascii=False) + "\n"
                     writer.write(line)
                     digest.update(line.encode("utf-8"))
@@ -309,13 +310,13 @@ def character_account(doc_filter: DocumentFilter) -> dict:
             "dropped": dropped, "kept_of_passing": round(counts["kept"] / passed, 6) if passed else None}
 
 
-def _mask(text: str, masker: PIIMasker, pii_log) -> str:
-    """Mask one document's contacts and log each masked value as it is found, so the log never holds more than
-    one document's values in memory and follows the documents' order."""
-    text = masker.mask(text)
-    for sealed in masker.log:
+def _masked(masked: tuple, masker: PIIMasker, pii_log) -> str:
+    """A kept piece as it was masked where it was examined (`filters.mask_pieces`): its counts added to the
+    corpus's, its sealed values logged now, so the log follows the documents' order and holds one piece's values."""
+    text, counts, sealed_values = masked
+    masker.counts.update(counts)
+    for sealed in sealed_values:
         pii_log.write(json.dumps(sealed, ensure_ascii=False) + "\n")
-    masker.log.clear()
     return text
 
 

@@ -1,6 +1,7 @@
 """Data preparation on every core: the per-document filters (`filters.examine`: cleaning, splitting, language,
-repetition, the duplicate keys and MinHash signatures) run in worker processes, in windows of documents read in
-order, while the one process that owns the corpus de-duplicates, masks and writes them in that same order. The
+repetition, the duplicate keys and MinHash signatures) and the PII masking of each piece (`filters.mask_pieces`) run
+in worker processes, in windows of documents read in order, while the one process that owns the corpus
+de-duplicates and writes them in that same order. The
 output is byte-identical to one process (tests/training/data/test_workers.py), and memory stays bounded by one
 window of documents.
 
@@ -15,11 +16,12 @@ import os
 from collections import deque
 from collections.abc import Iterable, Iterator
 
-from hitoban.training.data.filters import examine
+from hitoban.training.data.filters import Examined, examine, mask_pieces
 
 WINDOW_PER_WORKER = 64  # documents handed to each worker per window: large enough to amortise the pickling
 FIRST_WINDOW_PER_WORKER = 4  # the first window is small: the writing process waits for it with nothing else to do
-_SETTINGS = None  # a worker's FilterSettings, set once by its initializer
+_SETTINGS = None  # a worker's FilterSettings and masking, set once by its initializer
+_MASKING = None
 
 
 def default_workers() -> int:
@@ -37,13 +39,19 @@ def encoding_threads(workers: int) -> None:
     os.environ["RAYON_NUM_THREADS"] = str(workers)
 
 
-def _start(settings) -> None:
-    global _SETTINGS
-    _SETTINGS = settings
+def prepare(raw: str, settings, masking: tuple[bytes | None] | None = None) -> Examined:
+    """One document examined, and its pieces masked where `masking` is given (a 1-tuple: the masker's salt)."""
+    found = examine(raw, settings)
+    return found if masking is None else mask_pieces(found, masking[0])
 
 
-def _examine(raw: str):
-    return examine(raw, _SETTINGS)
+def _start(settings, masking) -> None:
+    global _SETTINGS, _MASKING
+    _SETTINGS, _MASKING = settings, masking
+
+
+def _examine(raw: str) -> Examined:
+    return prepare(raw, _SETTINGS, _MASKING)
 
 
 def threads_of_this_process() -> int | None:
@@ -78,15 +86,16 @@ def start_early(workers: int) -> None:
         del context
 
 
-def examined(documents: Iterable[str], settings, workers: int) -> Iterator:
-    """`filters.examine` of every document, in the documents' order, on `workers` processes (1: this one). Stops
-    reading when the caller stops iterating (a reached character target)."""
+def examined(documents: Iterable[str], settings, workers: int,
+             masking: tuple[bytes | None] | None = None) -> Iterator[Examined]:
+    """`prepare` of every document, in the documents' order, on `workers` processes (1: this one). Stops reading
+    when the caller stops iterating (a reached character target)."""
     if workers <= 1:
-        yield from (examine(raw, settings) for raw in documents)
+        yield from (prepare(raw, settings, masking) for raw in documents)
         return
     documents = iter(documents)
     sizes = itertools.chain([workers * FIRST_WINDOW_PER_WORKER], itertools.repeat(workers * WINDOW_PER_WORKER))
-    with _context().Pool(workers, initializer=_start, initargs=(settings,)) as pool:
+    with _context().Pool(workers, initializer=_start, initargs=(settings, masking)) as pool:
         pending: deque = deque()
 
         def submit() -> None:  # the next window goes out while this one is being written: two in flight at most
@@ -102,5 +111,5 @@ def examined(documents: Iterable[str], settings, workers: int) -> Iterator:
             yield from results
 
 
-__all__ = ["WINDOW_PER_WORKER", "default_workers", "encoding_threads", "examined", "start_early",
+__all__ = ["WINDOW_PER_WORKER", "default_workers", "encoding_threads", "examined", "prepare", "start_early",
            "threads_of_this_process"]

@@ -17,8 +17,14 @@ from hitoban.training.data.corpus import build_corpus, local_source
 from hitoban.training.data.filters import FilterSettings
 from hitoban.training.data.workers import _context, default_workers, examined, threads_of_this_process
 
+CONTACTS = ("町内会のお知らせです。来週の日曜日に公園の清掃を行います。参加される方は前日までに担当の山田まで"
+            "ご連絡ください。連絡先は yamada.taro@kouen-machi.jp または 090-1234-5678 です。雨の場合は翌週に延期し"
+            "ます。軍手とごみ袋はこちらで用意します。皆様のご参加をお待ちしております。") * 3
 
-def build(corpus, tmp_path, name: str, workers: int, target: int | None = None) -> tuple[str, dict]:
+
+def build(corpus, tmp_path, name: str, workers: int, target: int | None = None) -> tuple[str, dict, list]:
+    """The corpus's sha256, its manifest and its masked-value log (each line without its salt and digests, which
+    a fresh random salt makes differ between any two builds)."""
     works = sorted((corpus / "literature").glob("0*.txt"))[:40]
     copies = tmp_path / "copies"
     if not copies.exists():  # exact and near duplicates of real works, so the de-duplication's order matters
@@ -26,13 +32,17 @@ def build(corpus, tmp_path, name: str, workers: int, target: int | None = None) 
         shutil.copy(works[0], copies / "again.txt")
         text = works[1].read_text(encoding="utf-8")
         (copies / "edited.txt").write_text(text[:300] + "。少し書き換えた。" + text[300:], encoding="utf-8")
+        for copy in ("contacts.txt", "contacts-again.txt"):  # masked where examined: the duplicate's not counted
+            (copies / copy).write_text(CONTACTS, encoding="utf-8")
     web = sorted(str(p) for p in (corpus / "web-or-wiki").glob("*.txt"))
     sources = [local_source([*map(str, works), str(copies)], name="literature", doc_per_file=True),
                local_source(web, name="web")]
     manifest = build_corpus(sources, tmp_path / name, target_chars=target,
                             settings=FilterSettings(max_chars=8_000), progress=False, workers=workers)
     manifest.pop("elapsed_seconds")
-    return hashlib.sha256((tmp_path / name / "documents.jsonl").read_bytes()).hexdigest(), manifest
+    log = [{k: v for k, v in json.loads(line).items() if "salt" not in k and "digest" not in k}
+           for line in (tmp_path / name / manifest["pii_masks"]["log"]).read_text(encoding="utf-8").splitlines()]
+    return hashlib.sha256((tmp_path / name / "documents.jsonl").read_bytes()).hexdigest(), manifest, log
 
 
 @pytest.mark.parametrize("target", [None, 300_000])
@@ -40,8 +50,10 @@ def test_any_number_of_workers_writes_the_same_corpus(corpus, tmp_path, target):
     one = build(corpus, tmp_path, "one", 1, target)
     for workers in (2, 3):
         assert build(corpus, tmp_path, f"w{workers}", workers, target) == one
-    manifest = one[1]
+    manifest, log = one[1], one[2]
     assert manifest["filters"]["rejected"].get("duplicate") and manifest["filters"]["split_pieces"]
+    if not target:  # the notice's e-mail and phone number, three times in the kept copy, never in the duplicate
+        assert [entry["kind"] for entry in log if "公園の清掃" in entry["context"]] == ["email", "phone"] * 3
     if target:
         assert 0 < manifest["total_chars"] <= target + 2 * 8_000  # stopped at the shares of the target
 
@@ -73,8 +85,8 @@ def test_negative_control_results_out_of_order_change_the_corpus(corpus, tmp_pat
 
     one = build(corpus, tmp_path, "one", 1)
 
-    def swapped(documents, settings, workers):
-        found = list(examined(documents, settings, workers))
+    def swapped(documents, settings, workers, masking=None):
+        found = list(examined(documents, settings, workers, masking))
         found[0], found[1] = found[1], found[0]
         yield from found
 
