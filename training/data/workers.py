@@ -1,9 +1,8 @@
 """Data preparation on every core: the per-document filters (`filters.examine`: cleaning, splitting, language,
 repetition, the duplicate keys and MinHash signatures) and the PII masking of each piece (`filters.mask_pieces`) run
 in worker processes, in windows of documents read in order, while the one process that owns the corpus
-de-duplicates and writes them in that same order. The
-output is byte-identical to one process (tests/training/data/test_workers.py), and memory stays bounded by one
-window of documents.
+de-duplicates and writes them in that same order. The output is byte-identical to one process
+(tests/training/data/test_workers.py), and memory stays bounded by one window of documents.
 
 Standard library and the filters (themselves light) at import: the corpus verb's options read `default_workers`."""
 
