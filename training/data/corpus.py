@@ -31,7 +31,7 @@ from hitoban.files import check_fields, decode_error, read_json, read_text, requ
 from hitoban.provenance import hitoban_version
 from hitoban.training.data.filters import REASONS, DocumentFilter, FilterSettings, PIIMasker
 from hitoban.training.data.options import DECODE_ERRORS, ENCODING, HUB_SOURCE_NAMES, LOCAL_LICENSE, SEED, TEXT_FIELD
-from hitoban.training.data.workers import examined, start_early
+from hitoban.training.data.workers import Examiners, examiners
 
 # Pinned revisions (3LM's): a rebuilt corpus is the same corpus.
 HUB_SOURCES = {
@@ -220,55 +220,56 @@ def build_corpus(
 ) -> dict:
     """Stream every source through the filters and the PII masker into `out`; returns the manifest. `workers`
     processes run the per-document filters (training/data/workers.py); the output is the same for any number."""
-    started = time.time()
+    started_at = time.time()
     out = Path(out)
     if out.exists():
         raise OutputExistsError(f"{out} already exists; remove it or choose another --out")
     if not sources:
         raise CorpusInputError("no sources: give --input PATH and/or --source NAME")
     settings = settings or FilterSettings()
-    start_early(workers)  # the workers' imports overlap with this process's own (DocumentFilter's MinHash)
-    doc_filter = DocumentFilter(settings)
     masker = PIIMasker(salt=os.urandom(16) if mask_pii else None)  # salt: keyed digests in the masked-value log
+    # the workers first: forked before DocumentFilter's MinHash import starts OpenBLAS's threads
     targets = source_targets(sources, target_chars, {**DEFAULT_SHARES, **(shares or {})} if len(sources) > 1 else {})
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
-    try:
-        per_source, seen_total, sha256 = _write_documents(
-            tmp, sources, targets, doc_filter, masker if mask_pii else None, target_chars, progress, workers)
-        if not mask_pii:
-            (tmp / PII_LOG).unlink()
-        _refuse_empty(per_source, seen_total, doc_filter, settings)
-        total_chars = sum(s["chars"] for s in per_source)
-        for s in per_source:
-            s["share"] = round(s["chars"] / total_chars, 4)
-        manifest = {
-            "tool": f"hitoban {hitoban_version()}",
-            "target_chars": target_chars,
-            "total_chars": total_chars,
-            "total_documents": sum(s["documents"] for s in per_source),
-            "seed": seed,
-            "sources": per_source,
-            "filters": {**settings.to_dict(), "rejected": dict(doc_filter.rejected),
-                        "truncated": doc_filter.truncated, "long_documents": doc_filter.long,
-                        "split_pieces": doc_filter.split_pieces},
-            "characters": character_account(doc_filter),
-            "pii_masks": {"enabled": mask_pii, **dict(masker.counts),
-                          "log": PII_LOG if mask_pii else None},
-            "output": {"name": "documents.jsonl", "sha256": sha256,
-                       "bytes": (tmp / "documents.jsonl").stat().st_size},
-            "elapsed_seconds": round(time.time() - started, 2),
-        }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, ensure_ascii=False, indent=2), encoding="utf-8")
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return manifest
+    with examiners(settings, workers, (masker.salt,) if mask_pii else None) as examining:
+        doc_filter = DocumentFilter(settings)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
+        try:
+            per_source, seen_total, sha256 = _write_documents(
+                tmp, sources, targets, doc_filter, masker if mask_pii else None, target_chars, progress, examining)
+            if not mask_pii:
+                (tmp / PII_LOG).unlink()
+            _refuse_empty(per_source, seen_total, doc_filter, settings)
+            total_chars = sum(s["chars"] for s in per_source)
+            for s in per_source:
+                s["share"] = round(s["chars"] / total_chars, 4)
+            manifest = {
+                "tool": f"hitoban {hitoban_version()}",
+                "target_chars": target_chars,
+                "total_chars": total_chars,
+                "total_documents": sum(s["documents"] for s in per_source),
+                "seed": seed,
+                "sources": per_source,
+                "filters": {**settings.to_dict(), "rejected": dict(doc_filter.rejected),
+                            "truncated": doc_filter.truncated, "long_documents": doc_filter.long,
+                            "split_pieces": doc_filter.split_pieces},
+                "characters": character_account(doc_filter),
+                "pii_masks": {"enabled": mask_pii, **dict(masker.counts),
+                              "log": PII_LOG if mask_pii else None},
+                "output": {"name": "documents.jsonl", "sha256": sha256,
+                           "bytes": (tmp / "documents.jsonl").stat().st_size},
+                "elapsed_seconds": round(time.time() - started_at, 2),
+            }
+            (tmp / "manifest.json").write_text(json.dumps(manifest, ensure_ascii=False, indent=2), encoding="utf-8")
+            os.replace(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return manifest
 
 
 def _write_documents(tmp: Path, sources: list[Source], targets: dict[str, float], doc_filter: DocumentFilter,
                      masker: PIIMasker | None, target_chars: int | None,
-                     progress: bool, workers: int = 1) -> tuple[list[dict], int, str]:
+                     progress: bool, examining: Examiners) -> tuple[list[dict], int, str]:
     """Stream each source, in order, through the filters (and `masker`, unless PII masking is off) into
     `tmp/documents.jsonl` until the source's share of characters is reached; the sha256 is taken while writing so
     the finished file is never read again. Returns each source's counts, the documents read, and the sha256."""
@@ -278,8 +279,7 @@ def _write_documents(tmp: Path, sources: list[Source], targets: dict[str, float]
         bar = tqdm(total=target_chars, unit="char", unit_scale=True, desc="corpus", disable=not progress or None)
         for source in sources:
             docs = chars = seen = 0
-            masking = None if masker is None else (masker.salt,)
-            for found in examined(source.documents(), doc_filter.settings, workers, masking):
+            for found in examining.examined(source.documents()):
                 seen += 1
                 for piece in doc_filter.admit(found):  # a long document's pieces are documents of their own
                     text = found.pieces[piece][0] if masker is None else _masked(found.masked[piece], masker,

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
-import multiprocessing.forkserver
 import os
 from collections import deque
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 from hitoban.training.data.filters import Examined, examine, mask_pieces
 
@@ -47,6 +47,8 @@ def prepare(raw: str, settings, masking: tuple[bytes | None] | None = None) -> E
 def _start(settings, masking) -> None:
     global _SETTINGS, _MASKING
     _SETTINGS, _MASKING = settings, masking
+    if settings.near_dup_threshold:  # MinHash's import (scipy, most of a second) now, beside the writer's own
+        import datasketch  # noqa: F401
 
 
 def _examine(raw: str) -> Examined:
@@ -76,39 +78,56 @@ def _context():
     return context
 
 
-def start_early(workers: int) -> None:
-    """Start the fork server now (when `examined` will use one), so that it imports the filters and MinHash while
-    this process does its own set-up, instead of each worker importing them once the pool starts (scipy, under
-    datasketch, takes most of a second)."""
-    if workers > 1 and (context := _context()).get_start_method() == "forkserver":
-        multiprocessing.forkserver.ensure_running()
-        del context
+class Examiners:
+    """A build's worker processes (or none: `workers` 1 examines in this process), started once for all its
+    sources by `examiners`."""
 
+    def __init__(self, settings, workers: int, masking: tuple[bytes | None] | None, pool=None):
+        self.settings, self.workers, self.masking, self.pool = settings, workers, masking, pool
 
-def examined(documents: Iterable[str], settings, workers: int,
-             masking: tuple[bytes | None] | None = None) -> Iterator[Examined]:
-    """`prepare` of every document, in the documents' order, on `workers` processes (1: this one). Stops reading
-    when the caller stops iterating (a reached character target)."""
-    if workers <= 1:
-        yield from (prepare(raw, settings, masking) for raw in documents)
-        return
-    documents = iter(documents)
-    sizes = itertools.chain([workers * FIRST_WINDOW_PER_WORKER], itertools.repeat(workers * WINDOW_PER_WORKER))
-    with _context().Pool(workers, initializer=_start, initargs=(settings, masking)) as pool:
+    def examined(self, documents: Iterable[str]) -> Iterator[Examined]:
+        """`prepare` of every document, in the documents' order. Stops reading when the caller stops iterating (a
+        reached character target)."""
+        if self.pool is None:
+            yield from (prepare(raw, self.settings, self.masking) for raw in documents)
+            return
+        documents, workers = iter(documents), self.workers
+        sizes = itertools.chain([workers * FIRST_WINDOW_PER_WORKER], itertools.repeat(workers * WINDOW_PER_WORKER))
         pending: deque = deque()
 
         def submit() -> None:  # the next window goes out while this one is being written: two in flight at most
             window = list(itertools.islice(documents, next(sizes)))
             if window:
-                pending.append(pool.map_async(_examine, window, chunksize=max(1, len(window) // (workers * 4))))
+                pending.append(self.pool.map_async(_examine, window, chunksize=max(1, len(window) // (workers * 4))))
 
         submit()
         submit()
-        while pending:
+        while pending:  # (a caller that stops early leaves at most two windows in flight: their results are dropped)
             results = pending.popleft().get()
             submit()
             yield from results
 
 
-__all__ = ["WINDOW_PER_WORKER", "default_workers", "encoding_threads", "examined", "prepare", "start_early",
+@contextmanager
+def examiners(settings, workers: int, masking: tuple[bytes | None] | None = None) -> Iterator[Examiners]:
+    """Start a build's workers now: call it first, while this process may still run a single thread, so that they
+    are forked (a few milliseconds, the filters already imported) rather than started from a fork server that must
+    import them first. Deciding when documents arrive instead (after MinHash's import had started OpenBLAS's
+    threads, or a progress bar its monitor) sent the corpus verb to a fork server it had not started early: the
+    writer waited 0.85 s for it."""
+    if workers <= 1:
+        yield Examiners(settings, 1, masking)
+        return
+    with _context().Pool(workers, initializer=_start, initargs=(settings, masking)) as pool:
+        yield Examiners(settings, workers, masking, pool)
+
+
+def examined(documents: Iterable[str], settings, workers: int,
+             masking: tuple[bytes | None] | None = None) -> Iterator[Examined]:
+    """`Examiners.examined` on workers started for these documents alone."""
+    with examiners(settings, workers, masking) as started:
+        yield from started.examined(documents)
+
+
+__all__ = ["WINDOW_PER_WORKER", "Examiners", "default_workers", "encoding_threads", "examined", "examiners", "prepare",
            "threads_of_this_process"]

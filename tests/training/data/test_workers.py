@@ -15,11 +15,12 @@ import pytest
 
 from hitoban.training.data.corpus import build_corpus, local_source
 from hitoban.training.data.filters import FilterSettings
-from hitoban.training.data.workers import _context, default_workers, examined, threads_of_this_process
+from hitoban.training.data.workers import Examiners, _context, default_workers, examined, threads_of_this_process
 
 CONTACTS = ("町内会のお知らせです。来週の日曜日に公園の清掃を行います。参加される方は前日までに担当の山田まで"
-            "ご連絡ください。連絡先は yamada.taro@kouen-machi.jp または 090-1234-5678 です。雨の場合は翌週に延期し"
-            "ます。軍手とごみ袋はこちらで用意します。皆様のご参加をお待ちしております。") * 3
+            "ご連絡ください。連絡先は yamada.taro@kouen-machi.jp または "  # hitoban: allow-secret (fake)
+            "090-1234-5678 です。"  # hitoban: allow-secret (fake)
+            "雨の場合は翌週に延期します。軍手とごみ袋はこちらで用意します。皆様のご参加をお待ちしております。") * 3
 
 
 def build(corpus, tmp_path, name: str, workers: int, target: int | None = None) -> tuple[str, dict, list]:
@@ -81,17 +82,44 @@ def test_examined_keeps_the_order_and_stops_reading_when_asked():
 def test_negative_control_results_out_of_order_change_the_corpus(corpus, tmp_path, monkeypatch):
     """If a worker's results were written in the order they finish (not the documents'), the comparison above
     would see it: the same documents, two swapped, give another corpus."""
-    from hitoban.training.data import corpus as corpus_module
-
     one = build(corpus, tmp_path, "one", 1)
+    in_order = Examiners.examined
 
-    def swapped(documents, settings, workers, masking=None):
-        found = list(examined(documents, settings, workers, masking))
+    def swapped(self, documents):
+        found = list(in_order(self, documents))
         found[0], found[1] = found[1], found[0]
         yield from found
 
-    monkeypatch.setattr(corpus_module, "examined", swapped)
+    monkeypatch.setattr(Examiners, "examined", swapped)
     assert build(corpus, tmp_path, "swapped", 2)[0] != one[0]
+
+
+def test_the_corpus_verb_forks_its_workers_before_anything_starts_a_thread(tmp_path):
+    """The workers start first (once per build, for all its sources), from a process still running one thread, so
+    they are forked, the filters already imported. Deciding when the documents arrived, after MinHash's import had
+    started OpenBLAS's threads and a progress bar its monitor, sent the verb to a fork server started late (0.85
+    s)."""
+    probe = """
+import multiprocessing, sys
+from hitoban.cli import main
+starts = []
+real = multiprocessing.context.BaseContext.Pool
+def counted(self, *args, **kwargs):
+    starts.append(self.get_start_method())
+    return real(self, *args, **kwargs)
+multiprocessing.context.BaseContext.Pool = counted
+try:
+    main(sys.argv[1:])
+finally:
+    print("POOLS", starts)
+"""
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.txt").write_text(f"{name}: " + "吾輩は猫である。名前はまだ無い。" * 20, encoding="utf-8")
+    done = subprocess.run([sys.executable, "-c", probe, "corpus", "--input", str(tmp_path / "a.txt"),
+                           str(tmp_path / "b.txt"), "--doc-per-file", "--out", str(tmp_path / "out"), "--workers", "2"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "POOLS ['fork']" in done.stdout
 
 
 def test_a_process_running_another_thread_never_forks_its_workers():
