@@ -125,12 +125,10 @@ def slope(a: dict, b: dict) -> float:
 
 def length_exponent(rows: list[dict]) -> tuple[list[dict], float] | None:
     """(the rows used, k) with optimum ~ steps ^ k fitted by least squares in log-log over the lengths whose optimum
-    lies inside their grid (with two, the slope between them); None below two such lengths."""
+    lies inside their grid (through two, that is the slope between them); None below two such lengths."""
     inside = [r for r in rows if r["inside_grid"]]
     if len(inside) < 2:
         return None
-    if len(inside) == 2:
-        return inside, slope(*inside)
     x = [math.log(r["steps"]) for r in inside]
     y = [math.log(r["optimum"]) for r in inside]
     mx, my = sum(x) / len(x), sum(y) / len(y)

@@ -220,7 +220,7 @@ def build_corpus(
 ) -> dict:
     """Stream every source through the filters and the PII masker into `out`; returns the manifest. `workers`
     processes run the per-document filters (training/data/workers.py); the output is the same for any number."""
-    started_at = time.time()
+    started = time.time()
     out = Path(out)
     if out.exists():
         raise OutputExistsError(f"{out} already exists; remove it or choose another --out")
@@ -228,43 +228,43 @@ def build_corpus(
         raise CorpusInputError("no sources: give --input PATH and/or --source NAME")
     settings = settings or FilterSettings()
     masker = PIIMasker(salt=os.urandom(16) if mask_pii else None)  # salt: keyed digests in the masked-value log
-    # the workers first: forked before DocumentFilter's MinHash import starts OpenBLAS's threads
     targets = source_targets(sources, target_chars, {**DEFAULT_SHARES, **(shares or {})} if len(sources) > 1 else {})
-    with examiners(settings, workers, (masker.salt,) if mask_pii else None) as examining:
-        doc_filter = DocumentFilter(settings)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
-        try:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
+    try:
+        # the workers first: forked before DocumentFilter's MinHash import starts OpenBLAS's threads
+        with examiners(settings, workers, (masker.salt,) if mask_pii else None) as examining:
+            doc_filter = DocumentFilter(settings)
             per_source, seen_total, sha256 = _write_documents(
                 tmp, sources, targets, doc_filter, masker if mask_pii else None, target_chars, progress, examining)
-            if not mask_pii:
-                (tmp / PII_LOG).unlink()
-            _refuse_empty(per_source, seen_total, doc_filter, settings)
-            total_chars = sum(s["chars"] for s in per_source)
-            for s in per_source:
-                s["share"] = round(s["chars"] / total_chars, 4)
-            manifest = {
-                "tool": f"hitoban {hitoban_version()}",
-                "target_chars": target_chars,
-                "total_chars": total_chars,
-                "total_documents": sum(s["documents"] for s in per_source),
-                "seed": seed,
-                "sources": per_source,
-                "filters": {**settings.to_dict(), "rejected": dict(doc_filter.rejected),
-                            "truncated": doc_filter.truncated, "long_documents": doc_filter.long,
-                            "split_pieces": doc_filter.split_pieces},
-                "characters": character_account(doc_filter),
-                "pii_masks": {"enabled": mask_pii, **dict(masker.counts),
-                              "log": PII_LOG if mask_pii else None},
-                "output": {"name": "documents.jsonl", "sha256": sha256,
-                           "bytes": (tmp / "documents.jsonl").stat().st_size},
-                "elapsed_seconds": round(time.time() - started_at, 2),
-            }
-            (tmp / "manifest.json").write_text(json.dumps(manifest, ensure_ascii=False, indent=2), encoding="utf-8")
-            os.replace(tmp, out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return manifest
+        if not mask_pii:
+            (tmp / PII_LOG).unlink()
+        _refuse_empty(per_source, seen_total, doc_filter, settings)
+        total_chars = sum(s["chars"] for s in per_source)
+        for s in per_source:
+            s["share"] = round(s["chars"] / total_chars, 4)
+        manifest = {
+            "tool": f"hitoban {hitoban_version()}",
+            "target_chars": target_chars,
+            "total_chars": total_chars,
+            "total_documents": sum(s["documents"] for s in per_source),
+            "seed": seed,
+            "sources": per_source,
+            "filters": {**settings.to_dict(), "rejected": dict(doc_filter.rejected),
+                        "truncated": doc_filter.truncated, "long_documents": doc_filter.long,
+                        "split_pieces": doc_filter.split_pieces},
+            "characters": character_account(doc_filter),
+            "pii_masks": {"enabled": mask_pii, **dict(masker.counts),
+                          "log": PII_LOG if mask_pii else None},
+            "output": {"name": "documents.jsonl", "sha256": sha256,
+                       "bytes": (tmp / "documents.jsonl").stat().st_size},
+            "elapsed_seconds": round(time.time() - started, 2),
+        }
+        (tmp / "manifest.json").write_text(json.dumps(manifest, ensure_ascii=False, indent=2), encoding="utf-8")
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return manifest
 
 
 def _write_documents(tmp: Path, sources: list[Source], targets: dict[str, float], doc_filter: DocumentFilter,
