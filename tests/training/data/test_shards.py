@@ -168,7 +168,9 @@ def test_shards_sample_proportionally_to_their_tokens(pipeline):
 
 PIECES = st.one_of(st.characters(min_codepoint=0x3040, max_codepoint=0x30FF),
                    st.characters(min_codepoint=0x4E00, max_codepoint=0x4FFF),
-                   st.sampled_from(["<|end|>", "<|user|>", " ", "\n", "\t", "。", "、"]), st.characters())
+                   st.sampled_from(["<|end|>", "<|user|>", " ", "\n", "\t", "。", "、"]),
+                   st.characters(exclude_categories=("Cs",)))  # any character a UTF-8 corpus can hold (a lone
+# surrogate cannot be written to documents.jsonl: the corpus's cleaning drops it, test_filters.py)
 JAPANESE_AND_MORE = st.lists(PIECES, max_size=40).map("".join)
 
 
