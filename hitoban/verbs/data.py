@@ -20,6 +20,9 @@ def _corpus(args) -> int:
 
     options = from_args(CorpusOptions, args)  # ranges checked before anything is read
     from hitoban.training.data.corpus import build_corpus, hub_source, local_source
+    from hitoban.training.data.workers import single_threaded_blas
+
+    single_threaded_blas()  # before MinHash's import, so the workers can be forked after it
 
     sources = [hub_source(name) for name in options.source]
     if options.input:

@@ -232,7 +232,7 @@ def build_corpus(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
     try:
-        # the workers first: forked before DocumentFilter's MinHash import starts OpenBLAS's threads
+        # the workers first: forked before a progress bar starts its monitor thread (workers.examiners)
         with examiners(settings, workers, (masker.salt,) if mask_pii else None) as examining:
             doc_filter = DocumentFilter(settings)
             per_source, seen_total, sha256 = _write_documents(

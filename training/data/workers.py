@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from hitoban.training.data.filters import Examined, examine, mask_pieces
 
 WINDOW_PER_WORKER = 64  # documents handed to each worker per window: large enough to amortise the pickling
+CHUNKS_PER_WORKER = 16  # of a window: small chunks, so a chunk holding a long work leaves no worker idle for long
 FIRST_WINDOW_PER_WORKER = 4  # the first window is small: the writing process waits for it with nothing else to do
 _SETTINGS = None  # a worker's FilterSettings and masking, set once by its initializer
 _MASKING = None
@@ -47,8 +48,14 @@ def prepare(raw: str, settings, masking: tuple[bytes | None] | None = None) -> E
 def _start(settings, masking) -> None:
     global _SETTINGS, _MASKING
     _SETTINGS, _MASKING = settings, masking
-    if settings.near_dup_threshold:  # MinHash's import (scipy, most of a second) now, beside the writer's own
-        import datasketch  # noqa: F401
+
+
+def single_threaded_blas() -> None:
+    """Keep the BLAS libraries that numpy and scipy load (OpenBLAS) from starting threads in this process, unless
+    the user set their number. For a process that only prepares data (the corpus verb): MinHash hashes and never
+    multiplies matrices, and a process with no other thread can fork its workers after importing MinHash, so they
+    inherit it rather than import it again (scipy: most of a second of CPU per process, on cores they share)."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 def _examine(raw: str) -> Examined:
@@ -98,7 +105,8 @@ class Examiners:
         def submit() -> None:  # the next window goes out while this one is being written: two in flight at most
             window = list(itertools.islice(documents, next(sizes)))
             if window:
-                pending.append(self.pool.map_async(_examine, window, chunksize=max(1, len(window) // (workers * 4))))
+                chunk = max(1, len(window) // (workers * CHUNKS_PER_WORKER))
+                pending.append(self.pool.map_async(_examine, window, chunksize=chunk))
 
         submit()
         submit()
@@ -111,13 +119,17 @@ class Examiners:
 @contextmanager
 def examiners(settings, workers: int, masking: tuple[bytes | None] | None = None) -> Iterator[Examiners]:
     """Start a build's workers now: call it first, while this process may still run a single thread, so that they
-    are forked (a few milliseconds, the filters already imported) rather than started from a fork server that must
-    import them first. Deciding when documents arrive instead (after MinHash's import had started OpenBLAS's
-    threads, or a progress bar its monitor) sent the corpus verb to a fork server it had not started early: the
-    writer waited 0.85 s for it."""
+    are forked (a few milliseconds, the filters and MinHash already imported: one import per build, not one per
+    process) rather than started from a fork server that must import them first. Deciding when documents arrive
+    instead (after a progress bar had started its monitor thread) sent the corpus verb to a fork server it had not
+    started early: the writer waited 0.85 s for it. MinHash's import starts OpenBLAS's threads unless
+    `single_threaded_blas` ran first (the corpus verb does); with them running the workers start from a fork server
+    that imports it once."""
     if workers <= 1:
         yield Examiners(settings, 1, masking)
         return
+    if settings.near_dup_threshold:
+        import datasketch  # noqa: F401
     with _context().Pool(workers, initializer=_start, initargs=(settings, masking)) as pool:
         yield Examiners(settings, workers, masking, pool)
 
@@ -130,4 +142,4 @@ def examined(documents: Iterable[str], settings, workers: int,
 
 
 __all__ = ["WINDOW_PER_WORKER", "Examiners", "default_workers", "encoding_threads", "examined", "examiners", "prepare",
-           "threads_of_this_process"]
+           "single_threaded_blas", "threads_of_this_process"]
