@@ -22,8 +22,6 @@ def _corpus(args) -> int:
     from hitoban.training.data.corpus import build_corpus, hub_source, local_source
     from hitoban.training.data.workers import single_threaded_blas
 
-    single_threaded_blas()  # before MinHash's import, so the workers can be forked after it
-
     sources = [hub_source(name) for name in options.source]
     if options.input:
         sources.append(local_source(options.input, name=options.name, license=options.license,
@@ -31,8 +29,9 @@ def _corpus(args) -> int:
                                     blank_line_docs=options.blank_line_docs, encoding=options.encoding,
                                     errors=options.errors))
     target = int(options.target_chars) if options.target_chars else None
-    manifest = build_corpus(sources, options.out, target, parse_pairs(options.share), options.filter_settings(),
-                            mask_pii=options.mask_pii, seed=options.seed, workers=options.workers)
+    with single_threaded_blas():  # before MinHash's import, so the workers can be forked after it
+        manifest = build_corpus(sources, options.out, target, parse_pairs(options.share), options.filter_settings(),
+                                mask_pii=options.mask_pii, seed=options.seed, workers=options.workers)
     account, filters = manifest["characters"], manifest["filters"]
     split = (f"; {filters['long_documents']:,} documents over --max-chars split into {filters['split_pieces']:,}"
              if filters["split_pieces"] else "")

@@ -50,12 +50,20 @@ def _start(settings, masking) -> None:
     _SETTINGS, _MASKING = settings, masking
 
 
-def single_threaded_blas() -> None:
-    """Keep the BLAS libraries that numpy and scipy load (OpenBLAS) from starting threads in this process, unless
-    the user set their number. For a process that only prepares data (the corpus verb): MinHash hashes and never
-    multiplies matrices, and a process with no other thread can fork its workers after importing MinHash, so they
-    inherit it rather than import it again (scipy: most of a second of CPU per process, on cores they share)."""
+@contextmanager
+def single_threaded_blas() -> Iterator[None]:
+    """While a corpus is built, the BLAS libraries that numpy and scipy load (OpenBLAS) start no threads, unless the
+    user set their number: MinHash hashes and never multiplies matrices, and a process with no other thread can fork
+    its workers after importing MinHash, so they inherit it rather than import it again (scipy: most of a second of
+    CPU per process, on cores they share). A library reads the setting once, when it loads; the variable itself is
+    restored after, so nothing loaded or started later (torch's BLAS, a child process) inherits it."""
+    before = os.environ.get("OPENBLAS_NUM_THREADS")
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("OPENBLAS_NUM_THREADS", None)
 
 
 def _examine(raw: str) -> Examined:

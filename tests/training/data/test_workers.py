@@ -122,6 +122,26 @@ finally:
     assert "POOLS [('fork', True)]" in done.stdout
 
 
+
+@pytest.mark.parametrize("users", [None, "4"])
+def test_the_corpus_verb_leaves_the_blas_setting_as_it_found_it(tmp_path, monkeypatch, users):
+    """The verb keeps OpenBLAS single-threaded while it builds (unless the user chose a number: theirs wins) and
+    restores the variable after, so a caller's later imports and child processes are not limited by it."""
+    from hitoban.cli import main
+    from hitoban.training.data.workers import single_threaded_blas
+
+    if users is None:
+        monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OPENBLAS_NUM_THREADS", users)
+    with single_threaded_blas():
+        assert os.environ["OPENBLAS_NUM_THREADS"] == (users or "1")
+    assert os.environ.get("OPENBLAS_NUM_THREADS") == users
+    (tmp_path / "a.txt").write_text(CONTACTS, encoding="utf-8")
+    assert main(["corpus", "--input", str(tmp_path / "a.txt"), "--doc-per-file", "--out", str(tmp_path / "out"),
+                 "--workers", "2"]) == 0
+    assert os.environ.get("OPENBLAS_NUM_THREADS") == users
+
 def test_a_process_running_another_thread_never_forks_its_workers():
     """A fork copies a lock another thread holds, and the child waits on it for ever (a worker hung so in this suite,
     after torch had started its threads): with any other thread running, the workers start from a fork server."""
