@@ -142,12 +142,5 @@ def examiners(settings, workers: int, masking: tuple[bytes | None] | None = None
         yield Examiners(settings, workers, masking, pool)
 
 
-def examined(documents: Iterable[str], settings, workers: int,
-             masking: tuple[bytes | None] | None = None) -> Iterator[Examined]:
-    """`Examiners.examined` on workers started for these documents alone."""
-    with examiners(settings, workers, masking) as started:
-        yield from started.examined(documents)
-
-
-__all__ = ["WINDOW_PER_WORKER", "Examiners", "default_workers", "encoding_threads", "examined", "examiners", "prepare",
+__all__ = ["WINDOW_PER_WORKER", "Examiners", "default_workers", "encoding_threads", "examiners", "prepare",
            "single_threaded_blas", "threads_of_this_process"]

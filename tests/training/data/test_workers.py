@@ -15,7 +15,7 @@ import pytest
 
 from hitoban.training.data.corpus import build_corpus, local_source
 from hitoban.training.data.filters import FilterSettings
-from hitoban.training.data.workers import Examiners, _context, default_workers, examined, threads_of_this_process
+from hitoban.training.data.workers import Examiners, _context, default_workers, examiners, threads_of_this_process
 
 CONTACTS = ("町内会のお知らせです。来週の日曜日に公園の清掃を行います。参加される方は前日までに担当の山田まで"
             "ご連絡ください。連絡先は yamada.taro@kouen-machi.jp または "  # hitoban: allow-secret (fake)
@@ -70,10 +70,11 @@ def test_examined_keeps_the_order_and_stops_reading_when_asked():
             yield document
 
     firsts = []
-    for found in examined(source(), settings, workers=2):
-        firsts.append(found.pieces[0][0])
-        if len(firsts) == 10:
-            break
+    with examiners(settings, workers=2) as started:
+        for found in started.examined(source()):
+            firsts.append(found.pieces[0][0])
+            if len(firsts) == 10:
+                break
     assert firsts == documents[:10]
     assert len(read) < len(documents)  # a bounded window was read, not the whole source
     assert json.dumps(default_workers()) and default_workers() >= 1
