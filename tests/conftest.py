@@ -164,6 +164,20 @@ def benchmark():
         yield importlib.import_module
 
 
+def committed_sweep(bench, folder: Path) -> dict:
+    """A sweep that a run_lengths script (`bench`: bench_wd, bench_warmup or bench_batch, from the `benchmark`
+    fixture) committed under benchmarks/results/: its table reprints as committed (the page's table is that report),
+    and every length read its training text less than once (the night's regime). Returns the saved sweep."""
+    import json
+
+    from bench_lr import BATCH, CONTEXT  # benchmarks/ is on sys.path while the `benchmark` fixture is
+
+    saved = json.loads((folder / f"{bench.__name__}.json").read_text())
+    assert bench.report(saved) == (folder / f"{bench.__name__}.md").read_text().splitlines()
+    assert max(r["steps"] * BATCH * CONTEXT for r in saved["rows"]) < saved["train_tokens"]
+    return saved
+
+
 @pytest.fixture(scope="session")
 def corpus() -> Path:
     if not (CORPUS / "literature").is_dir():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import REPO
+from conftest import REPO, committed_sweep
 
 
 @pytest.fixture(scope="module")
@@ -32,17 +32,11 @@ SAVED = REPO / "benchmarks" / "results" / "wd-steps-2026-12-06"
 def test_the_saved_sweep_reprints_as_committed_and_says_what_the_page_says(bench_wd):
     """docs/benchmarks.md's weight-decay table is this report of the committed sweep; the page's reading of it: the
     optimum did not move 4x lower from 200 to 800 steps, as the timescale rule (lr x wd x steps fixed) predicts."""
-    import json
 
-    saved = json.loads((SAVED / "bench_wd.json").read_text())
-    assert bench_wd.report(saved) == (SAVED / "bench_wd.md").read_text().splitlines()
+    saved = committed_sweep(bench_wd, SAVED)  # reprints as committed, under one pass: the night's regime
     optimum = {row["steps"]: row["optimum"] for row in saved["rows"] if row["inside_grid"]}
     assert set(optimum) == {200, 800}
     assert optimum[800] / optimum[200] > 0.5  # the rule's prediction is 0.25
-    from bench_lr import BATCH, CONTEXT
-
-    tokens = [r["steps"] * BATCH * CONTEXT for r in saved["rows"]]
-    assert max(tokens) < saved["train_tokens"]  # under one pass: the night's regime
 
 
 WIDTHS = REPO / "benchmarks" / "results" / "wd-widths-2026-12-06"
@@ -52,14 +46,12 @@ def test_the_default_is_within_the_pages_margin_of_the_best_decay_at_every_width
     """docs/benchmarks.md and the option's --help: the default 0.1 is within 0.07 bits/char of the best decay tried
     at every width and length swept, and the two seeds at width 256 order 0.1 and 0.4 oppositely (the reason the
     default is not moved to 0.4). Read from the committed sweeps, which reprint as committed."""
-    import json
 
     from hitoban.training.optimizer import OptimizerOptions
 
     rows = []
     for folder in (SAVED, WIDTHS / "w128", WIDTHS / "w384"):
-        saved = json.loads((folder / "bench_wd.json").read_text())
-        assert bench_wd.report(saved) == (folder / "bench_wd.md").read_text().splitlines()
+        saved = committed_sweep(bench_wd, folder)
         rows += [(saved["width"], row) for row in saved["rows"]]
     assert {width for width, _ in rows} == {128, 256, 384}
     default = f"{bench_wd.DEFAULT_WD:g}"

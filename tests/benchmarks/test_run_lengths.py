@@ -9,7 +9,7 @@ import math
 import re
 
 import pytest
-from conftest import REPO
+from conftest import REPO, committed_sweep
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -92,13 +92,11 @@ def test_the_saved_warmup_sweep_reprints_and_its_two_percent_point_is_bench_wds_
     """docs/benchmarks.md's warmup table is this report of the committed sweep. Its 2% point at seed 1234 is bench_wd's
     run at the default decay, reused (the same schedule, tested above); at seed 7 bench_warmup trained that point
     itself, and it scores what bench_wd's run scored, to the last digit: the reuse changed nothing."""
-    bench_lr, bench_warmup = benchmarks
-    saved = json.loads((WARMUP / "bench_warmup.json").read_text())
-    assert bench_warmup.report(saved) == (WARMUP / "bench_warmup.md").read_text().splitlines()
+    _, bench_warmup = benchmarks
+    saved = committed_sweep(bench_warmup, WARMUP)
     row = next(r for r in saved["rows"] if r["steps"] == 200)
     decay = next(r for r in json.loads((DECAY / "bench_wd.json").read_text())["rows"] if r["steps"] == 200)
     assert row["grid"]["4"]["seeds"] == decay["grid"]["0.1"]["seeds"]
-    assert max(r["steps"] * bench_lr.BATCH * bench_lr.CONTEXT for r in saved["rows"]) < saved["train_tokens"]
     # the page's reading: the seeds disagree on the best warmup, and the means of 1, 4 and 16 steps lie within 0.02
     best = {seed: min(row["grid"], key=lambda v: row["grid"][v]["seeds"][seed]) for seed in ("1234", "7")}
     assert best["1234"] != best["7"]
@@ -120,12 +118,10 @@ def test_at_three_widths_the_two_percent_warmup_is_within_the_pages_margin_of_th
     from hitoban.cli import build_parser
     from hitoban.verbs.reference import verbs
 
-    bench_lr, bench_warmup = benchmarks
+    _, bench_warmup = benchmarks
     rows = {}
     for folder in (WARMUP, WARMUP_WIDTHS / "w128", WARMUP_WIDTHS / "w384"):
-        saved = json.loads((folder / "bench_warmup.json").read_text())
-        assert bench_warmup.report(saved) == (folder / "bench_warmup.md").read_text().splitlines()
-        assert max(r["steps"] * bench_lr.BATCH * bench_lr.CONTEXT for r in saved["rows"]) < saved["train_tokens"]
+        saved = committed_sweep(bench_warmup, folder)
         rows[saved["width"]] = {int(v): p["mean"] for v, p in next(r for r in saved["rows"] if r["steps"] == 200)[
             "grid"].items()}
     assert set(rows) == {128, 256, 384}
