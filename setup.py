@@ -32,6 +32,7 @@ setup(
         "evaluate>=0.4.5",
         "gradio>=5.0",
         "datasketch>=1.6",  # MinHash-LSH near-duplicate detection for the corpus filters
+        "mmh3>=4.0",  # MurmurHash3 of each 5-gram for the MinHash signatures: a third of SHA-1's time
         "pyarrow>=15",
         # exact multi-pattern scans for `hitoban leaks`: hyperscan where wheels exist (x86), ahocorasick-rs always
         "hyperscan>=0.7; platform_machine == 'x86_64' or platform_machine == 'AMD64'",

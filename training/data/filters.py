@@ -69,7 +69,17 @@ class FilterSettings:
 
 
 def japanese_ratio(text: str) -> float:
-    return len(_JAPANESE.findall(text)) / max(len(text), 1)
+    """The share of `text`'s characters that are kana, kanji or Japanese punctuation (counted by removing them in
+    one pass, not by listing each)."""
+    return (len(text) - len(_JAPANESE.sub("", text))) / max(len(text), 1)
+
+
+def without_controls(text: str, keep: str = "") -> str:
+    """`text` without characters of Unicode category C (control, format, surrogate, private use, unassigned), except
+    those in `keep`: each distinct character's category looked up once, not every character's (the corpus build's
+    most frequent operation)."""
+    drop = {ord(ch): None for ch in set(text).difference(keep) if unicodedata.category(ch)[0] == "C"}
+    return text.translate(drop) if drop else text
 
 
 def clean(text: str, settings: FilterSettings) -> str:
@@ -78,11 +88,9 @@ def clean(text: str, settings: FilterSettings) -> str:
     if settings.boilerplate:
         lines = [line for line in lines if not BOILERPLATE_LINE.search(line)]
     if settings.keep_newlines:
-        lines = ["".join(ch for ch in line if unicodedata.category(ch)[0] != "C" or ch == "\t") for line in lines]
+        lines = [without_controls(line, "\t") for line in lines]
         return "\n".join(_WHITESPACE.sub(" ", line).strip() for line in lines if line.strip())
-    joined = " ".join(lines)
-    joined = "".join(ch for ch in joined if unicodedata.category(ch)[0] != "C" or ch in "\n\t")
-    return _WHITESPACE.sub(" ", joined).strip()
+    return _WHITESPACE.sub(" ", without_controls(" ".join(lines), "\n\t")).strip()
 
 
 def split_long(text: str, max_chars: int) -> list[str]:
@@ -113,17 +121,17 @@ def is_repetitive(text: str, window: int = 20, limit: int = 4) -> bool:
     if len(text) < 80:
         return False
     stride = max(1, len(text) // 2000)
-    seen: Counter[str] = Counter()
-    for start in range(0, len(text) - window + 1, stride):
-        piece = text[start : start + window]
-        seen[piece] += 1
-        if seen[piece] >= limit:
-            return True
-    return False
+    seen = Counter(text[start : start + window] for start in range(0, len(text) - window + 1, stride))
+    return max(seen.values(), default=0) >= limit
 
 
 NEAR_DUP_PERMUTATIONS, NEAR_DUP_SEED, NEAR_DUP_SAMPLE = 64, 1, 2000
 NEAR_DUP_SCHEME = "affine32"  # datasketch 2's default, named: signatures made in another process must match
+SHINGLE_HASH_SEED = 0  # MurmurHash3's seed for the 5-grams
+
+
+def _already_hashed(value: int) -> int:
+    return value
 
 
 @functools.cache
@@ -136,14 +144,16 @@ def _minhash_permutations():
 
 def near_dup_signature(text: str):
     """The MinHash signature (hash values) of `text`'s first 2,000 characters' 5-grams: a pure function of the text,
-    so it can be computed in any process."""
+    so it can be computed in any process. Each 5-gram is hashed by MurmurHash3 (32 bits, mmh3) rather than
+    datasketch's default SHA-1: a third of the time, and the signature's time was half the filters' work."""
+    import mmh3
     from datasketch import MinHash
 
     sample = text[:NEAR_DUP_SAMPLE]
-    shingles = {sample[i : i + 5].encode("utf-8") for i in range(max(1, len(sample) - 4))}
+    shingles = {sample[i : i + 5] for i in range(max(1, len(sample) - 4))}
     signature = MinHash(num_perm=NEAR_DUP_PERMUTATIONS, seed=NEAR_DUP_SEED, permutations=_minhash_permutations(),
-                        scheme=NEAR_DUP_SCHEME)
-    signature.update_batch(list(shingles))
+                        scheme=NEAR_DUP_SCHEME, hashfunc=_already_hashed)
+    signature.update_batch([mmh3.hash(shingle, SHINGLE_HASH_SEED, signed=False) for shingle in shingles])
     return signature.hashvalues
 
 

@@ -89,7 +89,7 @@ def _context():
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__, "datasketch"])  # MinHash: imported once, not once per worker
+    context.set_forkserver_preload([__name__, "datasketch", "mmh3"])  # MinHash: imported once, not per worker
     return context
 
 
@@ -138,6 +138,7 @@ def examiners(settings, workers: int, masking: tuple[bytes | None] | None = None
         return
     if settings.near_dup_threshold:
         import datasketch  # noqa: F401
+        import mmh3  # noqa: F401
     with _context().Pool(workers, initializer=_start, initargs=(settings, masking)) as pool:
         yield Examiners(settings, workers, masking, pool)
 
