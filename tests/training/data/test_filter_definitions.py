@@ -1,7 +1,7 @@
 """The corpus filters' fast forms against their definitions, computed here character by character (or window by
-window) over generated text: the control-character removal, the Japanese share, the repetition check; and the
-near-duplicate signature against what a MinHash signature is for, the Jaccard similarity of two texts' 5-gram sets
-computed here from the sets themselves."""
+window) over generated text: the control-character removal, the Japanese share, the repetition check, the PII
+masker's shortcuts; and the near-duplicate signature against what a MinHash signature is for, the Jaccard
+similarity of two texts' 5-gram sets, computed here from the sets themselves."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ import unicodedata
 from collections import Counter
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hitoban.training.data import filters
 from hitoban.training.data.filters import (
     NEAR_DUP_SAMPLE,
+    PIIMasker,
     is_repetitive,
     japanese_ratio,
     near_dup_signature,
@@ -104,3 +107,27 @@ def test_control_a_signature_of_the_text_itself_is_no_estimate():
         return [hash(text[i * 20:i * 20 + 3]) for i in range(64)]
 
     assert not estimates_jaccard(estimate_errors(not_minhash))
+
+
+CONTACT_FRAGMENTS = ["03-1234-5678", "09012345678", "+81 90-1234-5678",  # hitoban: allow-secret (fake)
+                     "０３－１２３４－５６７８",  # hitoban: allow-secret (fake)
+                     "taro.yamada@gmail.com", "hanako＠mail.co.jp", "user@example.com",  # hitoban: allow-secret (fake)
+                     "4111 1111 1111 1111", "٤١١١١١١١١١١١١١١١", "1", "０", "@", "＠", "-", " ", "(", ".", "\n",
+                     "連絡は", "まで。", "ab", "電話"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(CONTACT_FRAGMENTS), max_size=14), st.booleans())
+def test_the_maskers_shortcuts_change_nothing(fragments, salted):
+    """The masker skips the e-mail pattern for a text with no at sign and the number patterns for one with no digit;
+    the same masker with every pattern always run gives the same text, counts and sealed log."""
+    text = "".join(fragments)
+    salt = b"s" * 16 if salted else None
+    quick = PIIMasker(salt=salt)
+    masked = quick.mask(text)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(filters, "may_hold_email", lambda text: True)
+        patch.setattr(filters, "may_hold_number", lambda text: True)
+        full = PIIMasker(salt=salt)
+        assert full.mask(text) == masked
+    assert (full.counts, full.log) == (quick.counts, quick.log)
