@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import provenance
-from bench_lr import BATCH, CONTEXT, DEFAULT_SEED, grid_search, seeded_point, shape, vertex
+from bench_lr import BATCH, CONTEXT, DEFAULT_SEED, DEPTH, grid_search, seeded_point, shape, vertex
 from bench_night import prepare
 from corpora import pick_corpus
 
@@ -43,14 +43,15 @@ class Knob:
 
 
 def sweep_length(shards: Path, domains: dict, out: Path, width: int, steps: int, knob: Knob, grid: list[float],
-                 seeds: list[int]) -> dict:
+                 seeds: list[int], depth: int = DEPTH) -> dict:
     """One length's grid at every seed; a value's score is its seeds' mean (each seed's kept where there are
     several: the points of one seed are paired, the seeds show how far a difference between points is noise)."""
     scores: dict[float, dict] = {}
 
     def evaluate(value: float) -> float:
-        scores[value] = seeded_point(shards, domains, out, f"w{width}-s{steps}-{knob.tag}{value:g}", "small",
-                                     shape(width), {knob.flag: value, **knob.fixed, **knob.flags_for(value, width)},
+        scores[value] = seeded_point(shards, domains, out, f"{shape_tag(width, depth)}-s{steps}-{knob.tag}{value:g}",
+                                     "small", shape(width, depth),
+                                     {knob.flag: value, **knob.fixed, **knob.flags_for(value, width)},
                                      knob.steps_for(value, steps),
                                      seeds)
         return scores[value]["mean"]
@@ -67,16 +68,23 @@ def sweep(args: argparse.Namespace, knob: Knob, out: Path, name: str) -> dict:
     shards, domains = prepare(pick_corpus(args.corpus)[0], out / "data")
     stamp = provenance.stamp()
     knob = knob if args.widen else replace(knob, factor=None)
-    rows = {steps: {**sweep_length(shards, domains, out, args.width, steps, knob, args.grid, args.seeds), **stamp}
-            for steps in sorted(args.steps)}
+    rows = {steps: {**sweep_length(shards, domains, out, args.width, steps, knob, args.grid, args.seeds, args.depth),
+                    **stamp} for steps in sorted(args.steps)}
     earlier = out / f"{name}.json"
     if earlier.exists():
         before = json.loads(earlier.read_text())
-        if before["width"] == args.width:
+        if (before["width"], before.get("depth", DEPTH)) == (args.width, args.depth):
             rows = {**{row["steps"]: row for row in before["rows"]}, **rows}
-    return {"width": args.width, "lr": lr_for_width(args.width), **({"lr_note": knob.note} if knob.note else {}),
+    return {"width": args.width, **({"depth": args.depth} if args.depth != DEPTH else {}),
+            "lr": lr_for_width(args.width), **({"lr_note": knob.note} if knob.note else {}),
             "train_tokens": load_index(shards)["splits"]["train"]["tokens"],
             "rows": [rows[steps] for steps in sorted(rows)]}
+
+
+def shape_tag(width: int, depth: int) -> str:
+    """A run folder's shape: the width, and the depth where it is not the small shape's (the names of the sweeps
+    made before --depth)."""
+    return f"w{width}" + ("" if depth == DEPTH else f"-d{depth}")
 
 
 def tried(row: dict) -> str:
@@ -96,7 +104,8 @@ def report(saved: dict, title: str, short: str, columns: list[str], cells: Calla
     width, lr, train_tokens = saved["width"], saved["lr"], saved["train_tokens"]
     headers = ["steps", "passes", f"{columns[0]}", f"optimum {short}", *columns[1:], "machine", "date", "command"]
     rates = saved.get("lr_note") or f"Muon lr {lr:g}, its rule"
-    lines = [f"{title} across run lengths at width {width} ({rates}), lengths in steps of "
+    at = f"width {width}" + (f", depth {saved['depth']}" if "depth" in saved else "")
+    lines = [f"{title} across run lengths at {at} ({rates}), lengths in steps of "
              f"{BATCH} x {CONTEXT} tokens, {train_tokens:,} training tokens; score: mean held-out bits/char "
              "(literature, web).", "",
              "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
@@ -141,7 +150,9 @@ def arguments(doc: str, grid: list[float], grid_help: str, out: str, name: str,
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     if more:
         more(parser)  # the option's own arguments
-    parser.add_argument("--width", type=int, default=256, help="hidden size (depth 4, the small shape)")
+    parser.add_argument("--width", type=int, default=256, help="hidden size")
+    parser.add_argument("--depth", type=int, default=DEPTH, help=f"layers ({DEPTH}, the small shape's; --width 512 "
+                        "--depth 6 is the 3lm shape, for a short check there)")
     parser.add_argument("--steps", type=int, nargs="+", default=[200, 800], help="run lengths, steps of 16 x 256")
     parser.add_argument("--grid", type=float, nargs="+", default=grid, help=grid_help)
     parser.add_argument("--seeds", "--seed", type=int, nargs="+", default=[DEFAULT_SEED], help="train every grid "

@@ -274,19 +274,19 @@ def _write_documents(tmp: Path, sources: list[Source], targets: dict[str, float]
     `tmp/documents.jsonl` until the source's share of characters is reached; the sha256 is taken while writing so
     the finished file is never read again. Returns each source's counts, the documents read, and the sha256."""
     digest, per_source, seen_total = hashlib.sha256(), [], 0
-    with open(tmp / "documents.jsonl", "w", encoding="utf-8") as writer, \
-            open(tmp / PII_LOG, "w", encoding="utf-8") as pii_log:
+    with open(tmp / "documents.jsonl", "wb") as writer, open(tmp / PII_LOG, "w", encoding="utf-8") as pii_log:
         bar = tqdm(total=target_chars, unit="char", unit_scale=True, desc="corpus", disable=not progress or None)
         for source in sources:
             docs = chars = seen = 0
+            after_text = f', "source": {json.dumps(source.name, ensure_ascii=False)}}}\n'.encode()
             for found in examining.examined(source.documents()):
                 seen += 1
                 for piece in doc_filter.admit(found):  # a long document's pieces are documents of their own
                     text = found.pieces[piece][0] if masker is None else _masked(found.masked[piece], masker,
                                                                                     pii_log)
-                    line = json.dumps({"text": text, "source": source.name}, ensure_ascii=False) + "\n"
+                    line = b'{"text": ' + found.encoded[piece] + after_text  # json.dumps of the record, in bytes
                     writer.write(line)
-                    digest.update(line.encode("utf-8"))
+                    digest.update(line)
                     docs, chars = docs + 1, chars + len(text)
                     bar.update(len(text))
                     if chars >= targets[source.name]:

@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
-from hitoban.training.data.filters import Examined, examine, mask_pieces
+from hitoban.training.data.filters import Examined, encode_pieces, examine, mask_pieces
 
 WINDOW_PER_WORKER = 64  # documents handed to each worker per window: large enough to amortise the pickling
 CHUNKS_PER_WORKER = 16  # of a window: small chunks, so a chunk holding a long work leaves no worker idle for long
@@ -40,9 +40,10 @@ def encoding_threads(workers: int) -> None:
 
 
 def prepare(raw: str, settings, masking: tuple[bytes | None] | None = None) -> Examined:
-    """One document examined, and its pieces masked where `masking` is given (a 1-tuple: the masker's salt)."""
+    """One document examined, its pieces masked where `masking` is given (a 1-tuple: the masker's salt), and
+    encoded as the corpus will hold them."""
     found = examine(raw, settings)
-    return found if masking is None else mask_pieces(found, masking[0])
+    return encode_pieces(found if masking is None else mask_pieces(found, masking[0]))
 
 
 def _start(settings, masking) -> None:

@@ -8,8 +8,11 @@ import shutil
 
 import pytest
 from data_helpers import JA, japanese_doc
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hitoban.training.data.corpus import CorpusInputError, build_corpus, hub_source, iter_corpus, local_source
+from hitoban.training.data.filters import FilterSettings
 
 
 def test_corpus_from_literature_and_web(tmp_path, corpus):
@@ -97,3 +100,33 @@ def test_hub_sources_stream_at_pinned_revisions(tmp_path):
     assert {s["revision"] for s in manifest["sources"]} == {
         "42a9c9c0f1d67e6a5554d9bea4201973dc9b049c", "af9c13333eb981300149d5ca60a8e9d659b276b9"}
     assert manifest["total_chars"] >= 150_000
+
+
+# characters JSON escapes or must carry as they are: quotes, backslashes, tabs, non-BMP, full-width, RTL, U+2028
+ESCAPED = st.sampled_from(['"', "\\", "\t", "𠮷", "😀", "＂", "\u2028", "/", "عربي", "<|email|>", "\x7f"])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.lists(st.one_of(ESCAPED, st.sampled_from(list(JA[:40]))), min_size=60, max_size=200),
+                min_size=1, max_size=4),
+       st.lists(st.one_of(ESCAPED, st.characters(codec="utf-8")), min_size=1, max_size=6).map("".join),
+       st.sampled_from([1, 2]))
+def test_every_line_of_the_corpus_is_its_record_as_json_dumps_writes_it(tmp_path_factory, docs, name, workers):
+    """The writing process joins bytes that the workers encoded (filters.encode_pieces); each line must still be
+    exactly `json.dumps({"text", "source"}, ensure_ascii=False)` and a newline, whatever the text and the source
+    name hold, and the manifest's sha256 that of those bytes."""
+    folder = tmp_path_factory.mktemp("docs")
+    lines = ["".join(doc) for doc in docs]
+    (folder / "in.txt").write_text("\n".join(lines), encoding="utf-8")
+    out = folder / "corpus"
+    manifest = build_corpus([local_source([str(folder / "in.txt")], name=name)], out, progress=False,
+                            workers=workers, settings=FilterSettings(min_chars=10, min_japanese_ratio=0.0,
+                                                                     near_dup_threshold=None, repeat_limit=0))
+    written = (out / "documents.jsonl").read_bytes()
+    assert written and written.endswith(b"\n")
+    for line in written.splitlines(keepends=True):
+        record = json.loads(line)
+        assert record["source"] == name
+        assert line == (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+    assert [r["text"] for r in iter_corpus(out)] == [r["text"] for r in map(json.loads, written.splitlines())]
+    assert manifest["output"]["bytes"] == len(written)
