@@ -173,3 +173,11 @@ def test_over_three_or_more_lengths_the_exponent_is_the_least_squares_slope(benc
     assert re.findall(r"(\d+)-(\d+):", found[2]) == [(str(a), str(b)) for a, b in zip(steps, steps[1:])]
     assert float(found[1]) == pytest.approx(np.polyfit(np.log(steps), np.log(optima), 1)[0], abs=0.0051)
     assert printed == pytest.approx(expected, abs=0.0051)  # two decimals each
+
+
+def test_a_run_folder_names_the_depth_only_where_it_is_not_the_small_shapes(benchmark):
+    """The sweeps made before --depth (depth 4) keep their folder names, so their runs are found and reused; a run
+    at the 3lm shape (width 512, depth 6) is never mistaken for one at width 512, depth 4."""
+    run_lengths = benchmark("run_lengths")
+    assert run_lengths.shape_tag(256, 4) == "w256"
+    assert run_lengths.shape_tag(512, 6) == "w512-d6" != run_lengths.shape_tag(512, 4)

@@ -1,0 +1,43 @@
+"""benchmarks/bench_workers.py's arithmetic against its definition: the rate after start-up is the characters the
+whole corpus adds to a run of its first few works, over the seconds it adds, and the few works are the first
+fortieth by name."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+
+@pytest.fixture(scope="module")
+def bench_workers(benchmark):
+    return benchmark("bench_workers")
+
+
+SECONDS = st.integers(-100, 3000).map(lambda centiseconds: centiseconds / 100)  # what a run adds
+
+
+@given(st.floats(0.5, 5), SECONDS, st.floats(0.5, 5), SECONDS,
+       st.integers(1_000, 100_000), st.integers(1, 10_000_000))
+def test_the_rate_after_start_up_is_added_characters_over_added_seconds(bench_workers, few1, more1, few2, more2,
+                                                                        few_chars, more_chars):
+    sizes = {"few": {1: {"seconds": few1}, 2: {"seconds": few2}},
+             "all": {1: {"seconds": few1 + more1}, 2: {"seconds": few2 + more2}}}
+    chars = {"few": few_chars, "all": few_chars + more_chars}
+    rates = bench_workers.rates(sizes, chars)
+    if more1 <= 0 or more2 <= 0:  # the whole took no longer than a few works: nothing after start-up was measured
+        assert rates is None
+    else:
+        assert rates == pytest.approx({1: more_chars / more1, 2: more_chars / more2})
+
+
+@pytest.mark.parametrize("works, linked", [(789, 19), (80, 2), (40, 2), (3, 2), (120, 3)])
+def test_the_few_works_are_the_first_fortieth_by_name_at_least_two(bench_workers, tmp_path, works, linked):
+    literature = tmp_path / "literature"
+    literature.mkdir()
+    names = [f"{i:06d}.txt" for i in range(works)]
+    for name in reversed(names):  # made in the opposite order: the choice is by name
+        (literature / name).write_text(name)
+    few = bench_workers.first_works(literature, tmp_path / "out")
+    assert sorted(p.name for p in few.iterdir()) == names[:linked]
+    assert all((few / name).resolve() == (literature / name).resolve() for name in names[:linked])
