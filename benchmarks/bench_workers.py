@@ -11,6 +11,8 @@ characters take most of an hour, where a start-up of seconds is nothing): each s
 of the works (start-up and a little work), and the added characters over the added seconds (few -> all) is the rate
 that a large corpus sees. The small run is subtracted, not a half: nearly all the work stays in the difference, whose
 noise is then about one long run's rather than two halves'. The rates give the time for 3LM's 1.2e9 characters.
+The one process that reads, de-duplicates and writes while the workers examine is timed apart (its own CPU seconds,
+few -> all): its rate caps a build on any number of cores, and with 8 x one process's rate gives an 8-core estimate.
 
     python benchmarks/bench_workers.py [--corpus DIR] [--workers 2] [--rounds 3] [--out /tmp/bench-workers]
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import shutil
 import subprocess
 import sys
@@ -33,6 +36,16 @@ from corpora import pick_corpus
 from hitoban.training.data.corpus import load_manifest
 
 CLI = [sys.executable, "-m", "hitoban.cli"]
+WRITER = """
+import json, sys, time
+from hitoban.training.data.corpus import build_corpus, local_source
+from hitoban.training.data.workers import single_threaded_blas
+source = local_source([sys.argv[1]], license="public domain (Aozora Bunko)", doc_per_file=True)
+with single_threaded_blas():  # as the corpus verb builds
+    started = time.process_time()
+    build_corpus([source], sys.argv[2], workers=int(sys.argv[3]), progress=False)
+print(json.dumps(time.process_time() - started))
+"""
 
 
 def timed(command: list[str]) -> float:
@@ -71,6 +84,18 @@ def best_of(rounds: int, workers: int, make: callable, out: Path, pattern: str) 
             result[n]["seconds"] = min(result[n]["seconds"], timed(make(folder, n)))
             result[n]["sha256"] = digest(folder, pattern)
     return result
+
+
+def writer_seconds(literature: Path, out: Path, workers: int, rounds: int) -> float:
+    """CPU seconds of the one process that reads, de-duplicates and writes a corpus that `workers` processes
+    examine (its workers' time not counted), least of `rounds` fresh processes: the build's serial part."""
+    least = float("inf")
+    for _ in range(rounds):
+        shutil.rmtree(out, ignore_errors=True)
+        done = subprocess.run([sys.executable, "-c", WRITER, str(literature), str(out), str(workers)],
+                              capture_output=True, text=True, check=True)
+        least = min(least, json.loads(done.stdout))
+    return least
 
 
 def first_works(literature: Path, out: Path, share: int = 40) -> Path:
@@ -140,6 +165,12 @@ def main() -> None:
              f"{kept['split']['kept']:,} ({kept['split']['kept_of_passing']:.1%})",
              f"{kept['truncate']['kept']:,} ({kept['truncate']['kept_of_passing']:.1%})", "", "", ""]]
     lines = provenance.table(header, body)
+    writer = {size: writer_seconds(src, out / "writer" / size, n, args.rounds) for size, src in inputs.items()}
+    cap = (chars["all"] - chars["few"]) / max(writer["all"] - writer["few"], 1e-9)
+    one = rates(corpus, chars)
+    lines.append(f"\nThe writing process (its own CPU, {n} workers examining): {cap / 1e6:.1f}M characters/s, the cap "
+                 "on any number of cores" + (f"; 3LM's {NIGHT_CHARS:.1e} characters on 8 cores at best (8 x one "
+                 f"process's rate, or that cap): {NIGHT_CHARS / min(8 * one[1], cap) / 60:.1f} min" if one else ""))
     for step, sizes in (("corpus", corpus), ("shards", shards)):
         rate = rates(sizes, chars)
         if rate:
