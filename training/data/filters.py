@@ -8,7 +8,7 @@ filters on their own (`long_docs="split"`, the default: a novel is kept whole, n
 for (`DocumentFilter.chars`): kept, removed by cleaning, or dropped by the reason that dropped it.
 PII masking runs on accepted text: e-mail addresses, Japanese phone numbers and Luhn-valid card numbers become
 placeholders before anything is written, so no later step (tokenizer, shards, model) ever sees them.
-Lazy imports: datasketch (MinHash) loads only when near-duplicate filtering runs."""
+Lazy imports: datasketch (MinHash) and mmh3 (its 5-gram hash) load only when near-duplicate filtering runs."""
 
 from __future__ import annotations
 
