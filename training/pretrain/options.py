@@ -26,7 +26,8 @@ class TrainingOptions(OptimizerOptions, ScheduleOptions, DeviceOptions):
     batch_size: int = option(32, "sequences per optimizer step, over all processes (3LM's 32; at a fixed token "
                                  "budget, measured: in runs of a few hundred steps 16 trains better, by 0.15 bits/char "
                                  "at 0.8M tokens; at 3.3M tokens 32 was best, 16 and 64 within 0.03 (width 256; at "
-                                 "0.8M tokens 16 was best at widths 128 and 384 too): docs/benchmarks.md)", min=1,
+                                 "0.8M tokens 16 was best at widths 128 and 384 and at the 3lm shape too): "
+                                 "docs/benchmarks.md)", min=1,
                              trajectory=True)
     context: int | None = option(None, "tokens per sequence (default: the preset's)", min=2, trajectory=True)
     grad_accum: int = option(1, "micro-batches per step (same result, less memory)", min=1, trajectory=True,
