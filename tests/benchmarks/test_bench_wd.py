@@ -40,20 +40,22 @@ def test_the_saved_sweep_reprints_as_committed_and_says_what_the_page_says(bench
 
 
 WIDTHS = REPO / "benchmarks" / "results" / "wd-widths-2026-12-06"
+SHAPE_3LM = REPO / "benchmarks" / "results" / "wd-3lm-2026-12-07"  # the short check at the 3lm shape (2 points)
 
 
 def test_the_default_is_within_the_pages_margin_of_the_best_decay_at_every_width_and_length(bench_wd):
     """docs/benchmarks.md and the option's --help: the default 0.1 is within 0.07 bits/char of the best decay tried
-    at every width and length swept, and the two seeds at width 256 order 0.1 and 0.4 oppositely (the reason the
-    default is not moved to 0.4). Read from the committed sweeps, which reprint as committed."""
+    at every width and length swept and at the 3lm shape's short check, and the two seeds at width 256 order 0.1
+    and 0.4 oppositely (the reason the default is not moved to 0.4). Read from the committed sweeps, which reprint as
+    committed."""
 
     from hitoban.training.optimizer import OptimizerOptions
 
     rows = []
-    for folder in (SAVED, WIDTHS / "w128", WIDTHS / "w384"):
+    for folder in (SAVED, WIDTHS / "w128", WIDTHS / "w384", SHAPE_3LM):
         saved = committed_sweep(bench_wd, folder)
         rows += [(saved["width"], row) for row in saved["rows"]]
-    assert {width for width, _ in rows} == {128, 256, 384}
+    assert {width for width, _ in rows} == {128, 256, 384, 512}  # 512: the 3lm shape, depth 6
     default = f"{bench_wd.DEFAULT_WD:g}"
     for width, row in rows:
         best = min(point["mean"] for point in row["grid"].values())
