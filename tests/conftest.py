@@ -178,6 +178,14 @@ def committed_sweep(bench, folder: Path) -> dict:
     return saved
 
 
+def pretrain_help() -> str:
+    """`hitoban pretrain --help` on one line (argparse's wrapping undone), for tests of what its defaults cite."""
+    from hitoban.cli import build_parser
+    from hitoban.verbs.reference import verbs
+
+    return " ".join(dict(verbs(build_parser()))["hitoban pretrain"].format_help().split())
+
+
 @pytest.fixture(scope="session")
 def corpus() -> Path:
     if not (CORPUS / "literature").is_dir():

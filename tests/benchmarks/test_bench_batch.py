@@ -8,7 +8,7 @@ import json
 import math
 
 import pytest
-from conftest import REPO, committed_sweep
+from conftest import REPO, committed_sweep, pretrain_help
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -129,11 +129,7 @@ def test_the_pages_reading_holds_the_default_loses_in_short_runs_and_not_in_long
     assert round(short["32"]["mean"] - short["16"]["mean"], 2) == 0.15
     assert max(p["mean"] for p in long.values()) - min(p["mean"] for p in long.values()) < 0.03
     assert len(long["32"]["seeds"]) == 2 and long["32"]["mean"] == min(p["mean"] for p in long.values())
-    from hitoban.cli import build_parser
-    from hitoban.verbs.reference import verbs
-
-    help_text = dict(verbs(build_parser()))["hitoban pretrain"].format_help()
-    assert "by 0.15 bits/char at 0.8M tokens; at 3.3M tokens 32 was best" in " ".join(help_text.split())
+    assert "by 0.15 bits/char at 0.8M tokens; at 3.3M tokens 32 was best" in pretrain_help()
     assert bench_batch.behind_best({"grid": long}) == "+0.000"  # the default is the best at 3.3M tokens
 
 
@@ -194,9 +190,6 @@ def test_at_other_widths_16_sequences_beat_the_default_at_08m_tokens_too(bench, 
     16-sequence point is the warmup sweep's 4-step run, copied (the same schedule step for step:
     test_run_lengths.py), so it scores the same. The sweep reprints as committed, under one pass."""
     bench_batch, _, _ = bench
-    from hitoban.cli import build_parser
-    from hitoban.verbs.reference import verbs
-
     saved = committed_sweep(bench_batch, BATCH_WIDTHS / f"w{width}")
     assert saved["width"] == width
     row = {r["steps"]: r for r in saved["rows"]}[200]
@@ -207,7 +200,7 @@ def test_at_other_widths_16_sequences_beat_the_default_at_08m_tokens_too(bench, 
     assert 1 / 1.5 < row["optimum"] / at_256 < 1.5
     warmup = json.loads((WARMUP_WIDTHS / f"w{width}" / "bench_warmup.json").read_text())["rows"][0]["grid"]["4"]
     assert row["grid"]["16"] == warmup
-    help_text = " ".join(dict(verbs(build_parser()))["hitoban pretrain"].format_help().split())
+    help_text = pretrain_help()
     assert "16 was best at widths 128 and 384" in help_text
 
 
@@ -226,8 +219,5 @@ def test_at_the_3lm_shape_16_sequences_beat_the_default_at_08m_tokens_as_at_ever
     means = {int(v): p["mean"] for v, p in saved["rows"][0]["grid"].items()}
     assert saved["rows"][0]["steps"] == 200 and min(means, key=means.get) == 16
     assert means[32] - means[16] > 0.13
-    from hitoban.cli import build_parser
-    from hitoban.verbs.reference import verbs
-
-    help_text = " ".join(dict(verbs(build_parser()))["hitoban pretrain"].format_help().split())
+    help_text = pretrain_help()
     assert "16 was best at widths 128 and 384 and at the 3lm shape too" in help_text

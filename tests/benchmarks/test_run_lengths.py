@@ -9,7 +9,7 @@ import math
 import re
 
 import pytest
-from conftest import REPO, committed_sweep
+from conftest import REPO, committed_sweep, pretrain_help
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -115,9 +115,6 @@ def test_at_three_widths_the_two_percent_warmup_is_within_the_pages_margin_of_th
     other: warmup does not follow width. The sweeps reprint as committed. A width where the share fell further
     behind, or the short warmups spread apart, fails. The 4-step runs at 128 and 384 trained in fp32 are the decay
     sweep's runs at 0.1, which trained in bf16 on another machine: within 0.01 of them."""
-    from hitoban.cli import build_parser
-    from hitoban.verbs.reference import verbs
-
     _, bench_warmup = benchmarks
     rows = {}
     for folder in (WARMUP, WARMUP_WIDTHS / "w128", WARMUP_WIDTHS / "w384"):
@@ -132,7 +129,7 @@ def test_at_three_widths_the_two_percent_warmup_is_within_the_pages_margin_of_th
     for width in (128, 384):
         decay = json.loads((DECAY_WIDTHS / f"w{width}" / "bench_wd.json").read_text())["rows"][0]["grid"]["0.1"]
         assert abs(rows[width][4] - decay["mean"]) < 0.01
-    help_text = " ".join(dict(verbs(build_parser()))["hitoban pretrain"].format_help().split())
+    help_text = pretrain_help()
     assert "within 0.03 bits/char of the best warmup tried at widths 128, 256 and 384" in help_text
 
 @settings(max_examples=100, deadline=None)
