@@ -56,7 +56,8 @@ class ScheduleOptions(Checked):
     min_lr_ratio: float = option(0.1, "the schedule ends at this fraction of the peak", min=0, max=1, trajectory=True)
     warmup_frac: float = option(0.02, "warmup: max(--warmup-steps, this fraction of the steps), from 2%% of the peak "
                                       "(measured in 200-step runs: 2%% is within 0.03 bits/char of the best warmup "
-                                      "tried at widths 128, 256 and 384: docs/benchmarks.md)",
+                                      "tried at widths 128, 256 and 384, and the better of 2%% and 16 steps at the 3lm "
+                                      "shape: docs/benchmarks.md)",
                                 min=0, max=1, trajectory=True)
     warmup_steps: int = option(100, "the warmup lasts at least this many steps (--warmup-frac can lengthen it, not "
                                     "shorten it: 0 leaves the fraction alone)", min=0, trajectory=True)

@@ -132,6 +132,28 @@ def test_at_three_widths_the_two_percent_warmup_is_within_the_pages_margin_of_th
     help_text = pretrain_help()
     assert "within 0.03 bits/char of the best warmup tried at widths 128, 256 and 384" in help_text
 
+
+WARMUP_3LM = REPO / "benchmarks" / "results" / "warmup-3lm-2026-12-07"
+
+
+def test_at_the_3lm_shape_the_two_percent_warmup_is_the_best_tried(benchmarks):
+    """docs/benchmarks.md and --warmup-frac's help: the short check at the 3lm shape itself (width 512, depth 6; 200
+    steps, one seed, under one pass) keeps the 2% share: 4 steps score better than 16. Its 4-step run is the run the
+    decay and batch checks at this shape copied as their default point (the same schedule: the three committed
+    sweeps hold the same scores). The sweep reprints as committed; its title names the depth."""
+    _, bench_warmup = benchmarks
+    saved = committed_sweep(bench_warmup, WARMUP_3LM)
+    assert (saved["width"], saved["depth"]) == (512, 6)
+    assert "at width 512, depth 6" in bench_warmup.report(saved)[0]
+    (row,) = saved["rows"]
+    means = {int(v): p["mean"] for v, p in row["grid"].items()}
+    assert row["steps"] == 200 and sorted(means) == [4, 16] and means[4] < means[16]
+    default_point = row["grid"]["4"]
+    decay = json.loads((REPO / "benchmarks/results/wd-3lm-2026-12-07/bench_wd.json").read_text())["rows"][0]["grid"]
+    batch = json.loads((REPO / "benchmarks/results/batch-3lm-2026-12-07/bench_batch.json").read_text())["rows"][0]
+    assert decay["0.1"] == default_point == batch["grid"]["16"]
+    assert "and the better of 2% and 16 steps at the 3lm shape" in pretrain_help()
+
 @settings(max_examples=100, deadline=None)
 @given(first=st.floats(0.01, 100), last=st.floats(0.01, 100), lengths=st.sampled_from([(200, 800), (100, 22_460)]))
 def test_the_reports_length_exponent_is_the_slope_whatever_its_sign(benchmarks, first, last, lengths):
