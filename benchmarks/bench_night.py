@@ -90,9 +90,14 @@ def compressor_bpc(text: str) -> dict:
     return rows
 
 
-def prepare(corpus: Path, out: Path, near_dup: float = 0.85, works: int | None = None) -> tuple[Path, dict[str, Path]]:
+HELDOUT_CHARS = 60_000  # of each held-out domain: the page's numbers
+
+
+def prepare(corpus: Path, out: Path, near_dup: float = 0.85, works: int | None = None,
+            heldout_chars: int = HELDOUT_CHARS) -> tuple[Path, dict[str, Path]]:
     """Corpus of the Aozora works (all but the last 3, or the first `works`; long works kept whole, in pieces),
-    tokenizer (vocab 8000), shards; held-out literature (the last 3 works) and web never trained on."""
+    tokenizer (vocab 8000), shards; held-out literature (the last 3 works) and web never trained on, the first
+    `heldout_chars` of each."""
     books = sorted((corpus / "literature").glob("*.txt"))
     train, held = books[:-3][:works], books[-3:]
     (out / "books").mkdir(parents=True, exist_ok=True)
@@ -100,10 +105,11 @@ def prepare(corpus: Path, out: Path, near_dup: float = 0.85, works: int | None =
         shutil.copy2(book, out / "books" / book.name)
     held_dir = out / "heldout"
     held_dir.mkdir(exist_ok=True)
-    (held_dir / "literature.txt").write_text("".join(b.read_text(encoding="utf-8") for b in held)[:60_000],
+    (held_dir / "literature.txt").write_text("".join(b.read_text(encoding="utf-8") for b in held)[:heldout_chars],
                                              encoding="utf-8")
     web = sorted((corpus / "web-or-wiki").glob("*.txt"))
-    (held_dir / "web.txt").write_text("".join(w.read_text(encoding="utf-8") for w in web)[:60_000], encoding="utf-8")
+    (held_dir / "web.txt").write_text("".join(w.read_text(encoding="utf-8") for w in web)[:heldout_chars],
+                                      encoding="utf-8")
     cli = [sys.executable, "-m", "hitoban.cli"]
     if not (out / "shards").exists():
         run(cli + ["corpus", "--input", str(out / "books"), "--doc-per-file", "--out", str(out / "corpus"),
@@ -146,11 +152,14 @@ def main() -> None:
                         help="train on the first N works (default: all but the 3 held out; the passes are printed)")
     parser.add_argument("--near-dup", type=float, default=0.85,
                         help="the corpus's near-duplicate threshold (0: off, where datasketch is not installed)")
+    parser.add_argument("--heldout-chars", type=int, default=HELDOUT_CHARS,
+                        help=f"characters of each held-out domain scored (default: {HELDOUT_CHARS:,}; the GPU "
+                             "check's CPU rehearsal scores fewer)")
     parser.add_argument("--runs", nargs="+", choices=RUNS, default=RUNS,
                         help="which hitoban runs beside the Trainer's (default: all seven)")
     args = parser.parse_args()
     out = Path(args.out)
-    shards, domains = prepare(pick_corpus(args.corpus)[0], out, args.near_dup, args.works)
+    shards, domains = prepare(pick_corpus(args.corpus)[0], out, args.near_dup, args.works, args.heldout_chars)
     steps = args.tokens // (16 * 256)
     trainer_out = out / "runs" / "trainer-llama"
     shutil.rmtree(trainer_out, ignore_errors=True)

@@ -87,10 +87,11 @@ def sizes(rehearsal: bool) -> dict:
                 "doctor_steps": 30, "kill_steps": 30, "model": ["--preset", "tiny", "--batch", "2", "--ctx", "64",
                                                                 "--repeats", "1", "--new-tokens", "8",
                                                                 "--memory-samples", "1"],
-                "night_tokens": 16384}
+                "night_tokens": 16384, "night": ["--heldout-chars", "10000"]}
     return {"shape": ["--preset", "3lm", "--batch-size", "32", "--context", "512"], "steps": 300,
             "doctor_steps": None, "kill_steps": 60,
-            "model": ["--preset", "3lm", "--batch", "32", "--ctx", "512", "--compile"], "night_tokens": 4_915_200}
+            "model": ["--preset", "3lm", "--batch", "32", "--ctx", "512", "--compile"], "night_tokens": 4_915_200,
+            "night": []}
 
 
 def commands(out: Path, corpus: str, rehearsal: bool) -> dict[str, list[str]]:
@@ -110,7 +111,7 @@ def commands(out: Path, corpus: str, rehearsal: bool) -> dict[str, list[str]]:
         "model": [py, "benchmarks/bench_model.py", *size["model"], "--no-space", "--json",
                   str(out / "bench_model.json")],
         "night": [py, "benchmarks/bench_night.py", "--out", str(out / "bench-night"), "--corpus", corpus,
-                  "--tokens", str(size["night_tokens"]), "--runs", "same", "--near-dup", "0"],
+                  "--tokens", str(size["night_tokens"]), "--runs", "same", "--near-dup", "0", *size["night"]],
     }
 
 

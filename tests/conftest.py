@@ -140,13 +140,34 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(note)
 
 
+SLOW_SECONDS = 1  # a slow test that names no `seconds` (many are skipped ones, such as transformers' own): after
+# every measured one, before the fast tests
+
+
+def expected_seconds(item) -> float:
+    """What a test is expected to take, for the order only: `@pytest.mark.slow(seconds=N)` (its time in CI's log),
+    SLOW_SECONDS for another slow test, nothing for a fast one."""
+    mark = item.get_closest_marker("slow")
+    return 0.0 if mark is None else float(mark.kwargs.get("seconds", SLOW_SECONDS))
+
+
+def longest_files_first(items: list) -> None:
+    """Files in order of their expected seconds, longest first (each keeps its own order; ties keep theirs), so that
+    xdist's workers, handed one file at a time in this order (pyproject's --no-loadscope-reorder: xdist's own order
+    is by number of tests, which sent the four-minute federation file, one test, to the end), finish together on
+    the many short files instead of one of them waiting out a long file that came last."""
+    seconds: dict = {}
+    first: dict = {}
+    for index, item in enumerate(items):
+        seconds[item.path] = seconds.get(item.path, 0.0) + expected_seconds(item)
+        first.setdefault(item.path, index)
+    items.sort(key=lambda item: (-seconds[item.path], first[item.path]))  # stable: a file keeps its own order
+
+
 def pytest_collection_modifyitems(config, items):
-    """Files holding a slow test run first (in their order; each file keeps its own), so that xdist's workers,
-    handed one file at a time in this order, end on the many short files together rather than one of them waiting
-    out a four-minute file that came last. Tests marked `network` need the Hugging Face Hub; they skip cleanly on
-    offline machines (and in CI)."""
-    slow_files = {item.path for item in items if "slow" in item.keywords}
-    items.sort(key=lambda item: item.path not in slow_files)  # stable
+    """The longest files first (longest_files_first). Tests marked `network` need the Hugging Face Hub; they skip
+    cleanly on offline machines (and in CI)."""
+    longest_files_first(items)
     if any("network" in item.keywords for item in items) and not network_available():
         skip = pytest.mark.skip(reason="needs network access to huggingface.co (offline here)")
         for item in items:

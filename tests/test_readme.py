@@ -198,7 +198,7 @@ def test_the_front_pages_commands_are_the_recipes():
     assert summary_misses(drifted) == ["hitoban tokenizer --corpus data/corpus --out data/tok --vocab-size 16000"]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=285)
 @pytest.mark.timeout(1800)  # the sum of the commands; each one has its own COMMAND_SECONDS deadline
 def test_every_ci_command_in_the_readme_runs(tmp_path, monkeypatch, large_corpus):
     """The recipe is written for more text than its shrunk --target-chars 5e5: it reads the larger corpus where

@@ -21,7 +21,7 @@ def load(name: str):
     return module
 
 
-@pytest.mark.slow  # fetches ~45 MB of wheels once (cached), builds a virtualenv, both parts (~4 min on 2 cores)
+@pytest.mark.slow(seconds=410)  # fetches ~45 MB of wheels once (cached), builds a virtualenv, both parts
 def test_both_parts_of_the_gpu_check_run_from_the_carried_wheels_alone(tmp_path):
     results = load("gpu_rehearsal").rehearse(tmp_path)
     for part, stages in (("first", ["env", "data", "doctor", "pretrain"]),

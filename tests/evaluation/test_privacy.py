@@ -102,7 +102,7 @@ def canary_run(tmp_path_factory, literature_texts):
     return out, pii.canary_control(lines, out, count=8, repetitions=(1, 4, 16, 64), steps=200, seed=0, log=print)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=75)
 def test_canary_control_shows_the_probe_is_sensitive(canary_run):
     out, report = canary_run
     planted = {r["repetitions"]: r for r in report["planted_model"]["by_repetitions"]}

@@ -70,7 +70,7 @@ def test_the_device_checks_bits_per_char_row_fails_on_a_model_that_learnt_nothin
     assert not passed and bpc > uniform
 
 
-@pytest.mark.slow  # the doctor twice: kill test processes, a night, generation (~75 s on 2 cores)
+@pytest.mark.slow(seconds=90)  # the doctor twice: kill test processes, a night, generation (~75 s on 2 cores)
 def test_the_device_check_runs_the_night_on_this_device_and_fails_on_a_planted_fault(tmp_path, capsys):
     from hitoban.device_check import run_device_check
     report = run_device_check(tmp_path / "ok", steps=30, log=lambda *_: None)

@@ -96,7 +96,7 @@ def test_fast_subset_of_mutations(night, tmp_path):
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=100)
 @pytest.mark.timeout(1800)
 def test_every_mutation_of_every_artefact_by_every_verb(night, tmp_path, capsys):
     cases = slow_cases(night)

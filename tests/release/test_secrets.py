@@ -121,7 +121,7 @@ def test_the_scan_respects_gitignore_and_marked_test_data_and_says_so(tmp_path, 
     assert secrets.scan_directory(tmp_path, respect_gitignore=False)[0].rule == "hf-token"
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=135)  # the session's demo, where this test builds it
 def test_the_readme_order_on_a_clean_clone(tmp_path, demo):
     """Issue 13: install -> `hitoban demo` -> the tests -> `hitoban secrets . --git`, in that order, in a clean clone.
     The demo writes its fake contacts into the clone (hitoban-demo/, git-ignored); the source-tree check and the

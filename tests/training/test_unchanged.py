@@ -51,7 +51,7 @@ def run_driver(data: Path, out: Path, pythonpath: str | None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=80)
 def test_training_is_bit_identical_to_the_baseline_commit(tiny_shards, tmp_path):
     site = baseline_package(tmp_path / "baseline")
     (tmp_path / "old").mkdir()

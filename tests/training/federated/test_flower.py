@@ -87,7 +87,7 @@ def started(run: Path, round_: int) -> bool:
     return log.exists() and f"round {round_}:" in log.read_text()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=230)
 @pytest.mark.timeout(600)
 def test_a_loopback_federation_survives_a_killed_machine_and_a_killed_server(tiny_shards, tmp_path):
     from hitoban.modeling import HitobanForCausalLM

@@ -34,7 +34,7 @@ def launches(monkeypatch) -> list[tuple[str, list[str]]]:
     return started
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=40)
 def test_killtest_resumed_run_is_bit_identical_and_the_control_fails(tiny_shards, tmp_path, monkeypatch):
     """With the night's own options, here dropout 0.1 (finding 5: the kill test used to ignore them, and a dropout
     run did not resume exactly, finding 4)."""
@@ -56,7 +56,7 @@ def test_killtest_resumed_run_is_bit_identical_and_the_control_fails(tiny_shards
     assert (tmp_path / "kt" / "killtest.png").stat().st_size > 10_000
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=50)
 def test_killtest_with_muon_and_wsd_in_the_gpus_one_at_a_time_order(tiny_shards, tmp_path, monkeypatch):
     """Run here in the order a GPU gets (its trainings one at a time, none beside a killed attempt), so that path
     runs somewhere without a GPU; the other kill tests take the CPU's (uninterrupted runs beside the killed ones)."""

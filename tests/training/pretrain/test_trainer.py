@@ -144,7 +144,7 @@ def test_muon_resume_is_bit_identical(tiny_shards, tmp_path):
     assert any(not torch.equal(a[k], c[k]) for k in a)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=30)
 def test_an_fp16_night_resumes_exactly_with_its_gradient_scaler(tiny_shards, tmp_path, monkeypatch):
     """Issue 34, on a CPU stand-in for a T4 (what `auto` picks there): fp16 autocast with torch's CPU GradScaler
     (`make_accelerator`; `check_precision`'s refusal of fp16 on a CPU lifted for the test). The scale starts where
@@ -223,7 +223,7 @@ def test_sigterm_saves_at_the_next_step_and_exits_cleanly(tiny_shards, tmp_path)
     assert "resume with the same command" in output
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=50)
 def test_two_process_ddp_matches_one_process_and_resumes_in_one(tiny_shards, tmp_path):
     # fp32, Muon's Newton-Schulz included (the cpu_bf16 hook off): the comparison is of DDP's arithmetic (2 x 4 rows vs
     # 8 rows, ~2e-7 here). bf16 autocast alone moves that by ~6e-4, and a bf16 Newton-Schulz (the plan on a CPU with
