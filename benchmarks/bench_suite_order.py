@@ -38,7 +38,11 @@ def collected(*options: str) -> list[str]:
     """The suite's test ids in conftest's order (`pytest --collect-only`, one process)."""
     done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider",
                            *options], cwd=REPO, capture_output=True, text=True)
-    return [line.strip() for line in done.stdout.splitlines() if "::" in line]
+    ids = [line.strip() for line in done.stdout.splitlines() if "::" in line]
+    if done.returncode != 0 or not ids:
+        sys.exit(f"pytest --collect-only {' '.join(options)} collected nothing (exit {done.returncode}): "
+                 f"{(done.stderr or done.stdout)[-500:]}")
+    return ids
 
 
 def by_file(ids: list[str]) -> dict[str, list[str]]:
@@ -80,6 +84,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="xdist workers (default: 2, CI's cores)")
     args = parser.parse_args()
     seconds = durations(Path(args.log).read_text(encoding="utf-8"))
+    if not seconds:
+        sys.exit(f"{args.log} holds no duration lines: write it with python -m pytest --durations=0")
     files = by_file(collected())
     slow_files = set(by_file(collected("-m", "slow")))
     total = sum(seconds.get(t, 0.0) for tests in files.values() for t in tests)

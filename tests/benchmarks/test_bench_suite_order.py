@@ -47,3 +47,14 @@ def test_xdists_default_puts_the_files_with_most_tests_first_then_slow_files_the
     files = {"tests/b.py": ["x"], "tests/a/z.py": ["y", "z"], "tests/c.py": ["w"], "tests/a.py": ["v"]}
     assert order.xdist_default_order(files, slow_files={"tests/c.py"}) == [
         "tests/a/z.py", "tests/c.py", "tests/a.py", "tests/b.py"]
+
+
+def test_a_log_without_durations_is_refused_not_replayed_as_zero(order, tmp_path, monkeypatch):
+    """Nothing measured, nothing printed: a log written without --durations=0 stops the script with a message."""
+    import sys
+
+    log = tmp_path / "plain.log"
+    log.write_text("[gw0] PASSED tests/a.py::test_x\n1 passed in 3.00s\n")
+    monkeypatch.setattr(sys, "argv", ["bench_suite_order.py", "--log", str(log)])
+    with pytest.raises(SystemExit, match="no duration lines"):
+        order.main()
