@@ -134,6 +134,8 @@ def test_at_three_widths_the_two_percent_warmup_is_within_the_pages_margin_of_th
 
 
 WARMUP_3LM = REPO / "benchmarks" / "results" / "warmup-3lm-2026-12-07"
+DECAY_3LM = REPO / "benchmarks" / "results" / "wd-3lm-2026-12-07"  # their default points: the same 4-step run
+BATCH_3LM = REPO / "benchmarks" / "results" / "batch-3lm-2026-12-07"
 
 
 def test_at_the_3lm_shape_the_two_percent_warmup_is_the_best_tried(benchmarks):
@@ -149,9 +151,9 @@ def test_at_the_3lm_shape_the_two_percent_warmup_is_the_best_tried(benchmarks):
     means = {int(v): p["mean"] for v, p in row["grid"].items()}
     assert row["steps"] == 200 and sorted(means) == [4, 16] and means[4] < means[16]
     default_point = row["grid"]["4"]
-    decay = json.loads((REPO / "benchmarks/results/wd-3lm-2026-12-07/bench_wd.json").read_text())["rows"][0]["grid"]
-    batch = json.loads((REPO / "benchmarks/results/batch-3lm-2026-12-07/bench_batch.json").read_text())["rows"][0]
-    assert decay["0.1"] == default_point == batch["grid"]["16"]
+    decay = json.loads((DECAY_3LM / "bench_wd.json").read_text())["rows"][0]["grid"]
+    batch = json.loads((BATCH_3LM / "bench_batch.json").read_text())["rows"][0]["grid"]
+    assert decay["0.1"] == default_point == batch["16"]
     assert "and the better of 2% and 16 steps at the 3lm shape" in pretrain_help()
 
 
@@ -175,6 +177,7 @@ def test_across_run_lengths_the_warmups_tie_and_their_order_is_not_monotonic(ben
     assert at_800[16] - at_800[64] < 0.036
     widths = json.loads((WARMUP_WIDTHS / "w128" / "bench_warmup.json").read_text())["rows"][0]["grid"]
     assert all(saved["rows"][0]["grid"][v] == widths[v] for v in ("4", "16", "64"))
+
 
 @settings(max_examples=100, deadline=None)
 @given(first=st.floats(0.01, 100), last=st.floats(0.01, 100), lengths=st.sampled_from([(200, 800), (100, 22_460)]))
