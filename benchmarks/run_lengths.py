@@ -120,12 +120,18 @@ def report(saved: dict, title: str, short: str, columns: list[str], cells: Calla
         inside, k = fitted
         span = f"between {inside[0]['steps']} and {inside[-1]['steps']} steps"
         if len(inside) > 2:  # the least-squares slope, and each neighbouring pair's, to show how straight the line is
-            pairs = ", ".join(f"{a['steps']}-{b['steps']}: ^ {slope(a, b):.2f}" for a, b in zip(inside, inside[1:]))
+            pairs = ", ".join(f"{a['steps']}-{b['steps']}: ^ {exponent(slope(a, b))}"
+                              for a, b in zip(inside, inside[1:]))
             span = f"by least squares over {len(inside)} lengths {span} (between neighbours {pairs})"
-        lines += ["", f"The optimum {short} scales as steps ^ {k:.2f} {span} ({predictions})."]
+        lines += ["", f"The optimum {short} scales as steps ^ {exponent(k)} {span} ({predictions})."]
     else:
         lines += ["", "Fewer than two lengths have an optimum inside their grid: no exponent is fitted."]
     return lines
+
+
+def exponent(k: float) -> str:
+    """k to two decimals, never "-0.00": an optimum that did not move (a tiny negative k) printed a sign it had not."""
+    return f"{round(k, 2) + 0.0:.2f}"
 
 
 def slope(a: dict, b: dict) -> float:
