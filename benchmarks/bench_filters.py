@@ -32,12 +32,13 @@ def committed_filters(revision: str):
     """training/data/filters.py as committed at `revision`, imported as a module of its own."""
     source = subprocess.run(["git", "show", f"{revision}:training/data/filters.py"], cwd=REPO, capture_output=True,
                             text=True, check=True).stdout
-    path = Path(tempfile.mkdtemp()) / f"filters_{revision}.py"
-    path.write_text(source, encoding="utf-8")
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
-    spec.loader.exec_module(module)
+    with tempfile.TemporaryDirectory() as folder:  # the module's code is loaded: its file is not needed after
+        path = Path(folder) / f"filters_{revision}.py"
+        path.write_text(source, encoding="utf-8")
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = module
+        spec.loader.exec_module(module)
     return module
 
 
@@ -62,8 +63,8 @@ def main() -> None:
     works = sorted((pick_corpus(args.corpus)[0] / "literature").glob("*.txt"))
     documents = [work.read_text(encoding="utf-8") for work in works]
     versions = {args.against: committed_filters(args.against), "this checkout": current}
-    for module in versions.values():
-        module._minhash_permutations()  # made once per process in a build too
+    for module in versions.values():  # what a build makes once per process (the MinHash permutations), made
+        module.examine(documents[0], module.FilterSettings())
     best = {name: [float("inf"), float("inf")] for name in versions}
     pieces = {}
     for _ in range(args.rounds):

@@ -151,7 +151,7 @@ def main() -> None:
     parser.add_argument("--works", type=int, default=None,
                         help="train on the first N works (default: all but the 3 held out; the passes are printed)")
     parser.add_argument("--near-dup", type=float, default=0.85,
-                        help="the corpus's near-duplicate threshold (0: off, where datasketch is not installed)")
+                        help="the corpus's near-duplicate threshold (0: off, where mmh3 is not installed)")
     parser.add_argument("--heldout-chars", type=int, default=HELDOUT_CHARS,
                         help=f"characters of each held-out domain scored (default: {HELDOUT_CHARS:,}; the GPU "
                              "check's CPU rehearsal scores fewer)")

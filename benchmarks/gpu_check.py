@@ -5,7 +5,7 @@ A lent GPU gives 15 minutes in all and 10 a command, so the check is two parts o
 
   first    env       torch, CUDA, the device, its compute capability, the device plan hitoban derives from them
            data      corpus -> tokenizer (vocab 32,000) -> shards from tests/corpus (no near-duplicate filter:
-                     datasketch is not carried)
+                     mmh3 is not carried)
            doctor    `hitoban doctor`: kill and resume, compile auto, memory estimate vs measured peak, bits/char,
                      KV cache
            pretrain  a `3lm`-shape night (35.7M parameters, vocab 32,000, context 512, batch 32), --precision auto,

@@ -72,7 +72,7 @@ def _data(out: Path, seed: int):
     train, held_out = documents[:-HELD_OUT], documents[-HELD_OUT:]
     text = out / "builtin.txt"
     text.write_text("\n".join(d.replace("\n", " ") for d in train) + "\n", encoding="utf-8")
-    # near-duplicate detection (datasketch) is text work on the CPU, not a device path: off, so the check needs only
+    # near-duplicate detection (MinHash) is text work on the CPU, not a device path: off, so the check needs only
     # what training needs
     build_corpus([local_source([str(text)], name="builtin", license="Apache-2.0")], out / "corpus", seed=seed,
                  settings=FilterSettings(min_chars=50, near_dup_threshold=None), progress=False)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from hypothesis import strategies as st
+
 from hitoban.cli import build_parser, main
 from hitoban.options import from_args
 
@@ -24,3 +28,22 @@ def check_edges(verb: str, cls: type, required: list[str], edges: dict[str, tupl
             code = main([verb, *required, flag, value])
             lines = capsys.readouterr().err.splitlines()
             assert code == 2 and len(lines) == 1 and f"{flag} {value}:" in lines[0], (flag, value, lines)
+
+
+def ranged(f: dataclasses.Field) -> bool:
+    """Whether a field is a number with a declared range (hitoban/options.py: min, max, above, below)."""
+    return bool(set(f.metadata) & {"min", "max", "above", "below"})
+
+
+def in_range(f: dataclasses.Field, top: float = 1e7) -> st.SearchStrategy:
+    """Values a field's declared range admits, its edges among them (up to `top` where it has none above):
+    integers for an int field, floats otherwise."""
+    meta = f.metadata
+    low = meta.get("min", meta.get("above", 0))
+    high = meta.get("max", meta.get("below", top))
+    if "int" in str(f.type) and "float" not in str(f.type):
+        edges = [int(low) + ("above" in meta), int(high) - ("below" in meta)]
+        return st.one_of(st.sampled_from(edges), st.integers(edges[0], edges[1]))
+    inside = st.floats(low, high, exclude_min="above" in meta, exclude_max="below" in meta)
+    edges = [v for v, open_edge in ((low, "above" in meta), (high, "below" in meta)) if not open_edge]
+    return st.one_of(st.sampled_from(edges), inside) if edges else inside

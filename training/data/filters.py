@@ -8,12 +8,11 @@ filters on their own (`long_docs="split"`, the default: a novel is kept whole, n
 for (`DocumentFilter.chars`): kept, removed by cleaning, or dropped by the reason that dropped it.
 PII masking runs on accepted text: e-mail addresses, Japanese phone numbers and Luhn-valid card numbers become
 placeholders before anything is written, so no later step (tokenizer, shards, model) ever sees them.
-Lazy imports: datasketch (MinHash) and mmh3 (its 5-gram hash) load only when near-duplicate filtering runs."""
+Lazy imports: the near-duplicate step (`near_duplicates`: numpy and mmh3) loads only when it runs."""
 
 from __future__ import annotations
 
 import bisect
-import functools
 import hashlib
 import hmac
 import json
@@ -126,59 +125,6 @@ def is_repetitive(text: str, window: int = 20, limit: int = 4) -> bool:
     return max(seen.values(), default=0) >= limit
 
 
-NEAR_DUP_PERMUTATIONS, NEAR_DUP_SEED, NEAR_DUP_SAMPLE = 64, 1, 2000
-NEAR_DUP_SCHEME = "affine32"  # datasketch 2's default, named: signatures made in another process must match
-SHINGLE_HASH_SEED = 0  # MurmurHash3's seed for the 5-grams
-
-
-def _already_hashed(value: int) -> int:
-    return value
-
-
-@functools.cache
-def _minhash_permutations():
-    """datasketch's permutations for the near-duplicate signature, made once per process (not once per document)."""
-    from datasketch import MinHash
-
-    return MinHash(num_perm=NEAR_DUP_PERMUTATIONS, seed=NEAR_DUP_SEED, scheme=NEAR_DUP_SCHEME).permutations
-
-
-def near_dup_signature(text: str):
-    """The MinHash signature (hash values) of `text`'s first 2,000 characters' 5-grams: a pure function of the text,
-    so it can be computed in any process. Each 5-gram is hashed by MurmurHash3 (32 bits, mmh3) rather than
-    datasketch's default SHA-1: a third of the time, and the signature's time was half the filters' work."""
-    import mmh3
-    from datasketch import MinHash
-
-    sample = text[:NEAR_DUP_SAMPLE]
-    shingles = {sample[i : i + 5] for i in range(max(1, len(sample) - 4))}
-    signature = MinHash(num_perm=NEAR_DUP_PERMUTATIONS, seed=NEAR_DUP_SEED, permutations=_minhash_permutations(),
-                        scheme=NEAR_DUP_SCHEME, hashfunc=_already_hashed)
-    signature.update_batch([mmh3.hash(shingle, SHINGLE_HASH_SEED, signed=False) for shingle in shingles])
-    return signature.hashvalues
-
-
-class NearDuplicates:
-    """MinHash LSH over character 5-grams (datasketch): catches re-posted pages that differ in a few words."""
-
-    def __init__(self, threshold: float):
-        from datasketch import MinHashLSH
-
-        self.lsh = MinHashLSH(threshold=threshold, num_perm=NEAR_DUP_PERMUTATIONS)
-        self.count = 0
-
-    def seen_before(self, hashvalues) -> bool:
-        """Whether a signature (`near_dup_signature`) is near one seen before; if not, it is remembered."""
-        from datasketch import LeanMinHash
-
-        signature = LeanMinHash(seed=NEAR_DUP_SEED, hashvalues=hashvalues, scheme=NEAR_DUP_SCHEME)
-        if self.lsh.query(signature):
-            return True
-        self.lsh.insert(str(self.count), signature, check_duplication=False)
-        self.count += 1
-        return False
-
-
 @dataclass
 class Examined:
     """What one raw document became before de-duplication (`examine`: a pure function, run in any process): the
@@ -216,6 +162,8 @@ def examine(raw: str, s: FilterSettings) -> Examined:
             parts = [part.strip() for part in split]  # the space after a sentence end, at a cut
             found.chars["cleaned_away"] += sum(map(len, split)) - sum(map(len, parts))
             found.split_pieces = len(parts)
+    if s.near_dup_threshold:
+        from hitoban.training.data.near_duplicates import signature as near_signature
     for part in filter(None, parts):
         if japanese_ratio(part) < s.min_japanese_ratio:
             _dropped(found, "low_japanese_ratio", len(part))
@@ -223,7 +171,7 @@ def examine(raw: str, s: FilterSettings) -> Examined:
             _dropped(found, "repetition", len(part))
         else:
             prefix = hashlib.blake2b(part[: s.dedup_prefix_chars].encode("utf-8"), digest_size=16).digest()
-            found.pieces.append((part, prefix, near_dup_signature(part) if s.near_dup_threshold else None))
+            found.pieces.append((part, prefix, near_signature(part) if s.near_dup_threshold else None))
     return found
 
 
@@ -247,7 +195,11 @@ class DocumentFilter:
 
     def __post_init__(self):
         self._prefixes: set[bytes] = set()
-        self._near = NearDuplicates(self.settings.near_dup_threshold) if self.settings.near_dup_threshold else None
+        self._near = None
+        if self.settings.near_dup_threshold:
+            from hitoban.training.data.near_duplicates import NearDuplicates
+
+            self._near = NearDuplicates(self.settings.near_dup_threshold)
 
     def pieces(self, raw: str) -> list[str]:
         """The documents `raw` becomes: none (rejected), one, or, over `max_chars`, the pieces of `split_long` that

@@ -53,11 +53,11 @@ def _start(settings, masking) -> None:
 
 @contextmanager
 def single_threaded_blas() -> Iterator[None]:
-    """While a corpus is built, the BLAS libraries that numpy and scipy load (OpenBLAS) start no threads, unless the
-    user set their number: MinHash hashes and never multiplies matrices, and a process with no other thread can fork
-    its workers after importing MinHash, so they inherit it rather than import it again (scipy: most of a second of
-    CPU per process, on cores they share). A library reads the setting once, when it loads; the variable itself is
-    restored after, so nothing loaded or started later (torch's BLAS, a child process) inherits it."""
+    """While a corpus is built, the BLAS library that numpy loads (OpenBLAS) starts no threads, unless the user set
+    their number: the near-duplicate signatures hash and never multiply matrices, and a process with no other thread
+    can fork its workers after importing numpy, so they inherit it rather than import it again. A library reads the
+    setting once, when it loads; the variable itself is restored after, so nothing loaded or started later (torch's
+    BLAS, a child process) inherits it."""
     before = os.environ.get("OPENBLAS_NUM_THREADS")
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
@@ -90,7 +90,7 @@ def _context():
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__, "datasketch", "mmh3"])  # MinHash: imported once, not per worker
+    context.set_forkserver_preload([__name__, "hitoban.training.data.near_duplicates"])  # once, not per worker
     return context
 
 
@@ -128,18 +128,17 @@ class Examiners:
 @contextmanager
 def examiners(settings, workers: int, masking: tuple[bytes | None] | None = None) -> Iterator[Examiners]:
     """Start a build's workers now: call it first, while this process may still run a single thread, so that they
-    are forked (a few milliseconds, the filters and MinHash already imported: one import per build, not one per
-    process) rather than started from a fork server that must import them first. Deciding when documents arrive
-    instead (after a progress bar had started its monitor thread) sent the corpus verb to a fork server it had not
-    started early: the writer waited 0.85 s for it. MinHash's import starts OpenBLAS's threads unless
-    `single_threaded_blas` ran first (the corpus verb does); with them running the workers start from a fork server
-    that imports it once."""
+    are forked (a few milliseconds, the filters and the near-duplicate step already imported: one import per build,
+    not one per process) rather than started from a fork server that must import them first. Deciding when
+    documents arrive instead (after a progress bar had started its monitor thread) sent the corpus verb to a fork
+    server it had not started early: the writer waited 0.85 s for it. numpy's import starts OpenBLAS's threads
+    unless `single_threaded_blas` ran first (the corpus verb does); with them running the workers start from a fork
+    server that imports it once."""
     if workers <= 1:
         yield Examiners(settings, 1, masking)
         return
     if settings.near_dup_threshold:
-        import datasketch  # noqa: F401
-        import mmh3  # noqa: F401
+        import hitoban.training.data.near_duplicates  # noqa: F401
     with _context().Pool(workers, initializer=_start, initargs=(settings, masking)) as pool:
         yield Examiners(settings, workers, masking, pool)
 

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from pathlib import Path
 
-from option_edges import accepts, check_edges
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from option_edges import accepts, check_edges, in_range, ranged
 
+from hitoban.cli import main
 from hitoban.training.data import corpus, shards, tokenizer
 from hitoban.training.data.filters import FilterSettings
 from hitoban.training.data.options import CorpusOptions, ShardsOptions, TokenizerOptions
@@ -69,3 +74,36 @@ def test_ranges_at_their_edges(capsys):
     check_edges("shards", ShardsOptions, [], {
         "--shard-tokens": (["1"], ["0"]), "--val-every": (["2"], ["1"]), "--max-heldout-docs": (["0"], ["-1"]),
         "--context": (["2"], ["1"]), "--seed": (["0"], ["-1"])}, capsys)
+
+
+SERVED = [f for f in dataclasses.fields(CorpusOptions) if ranged(f) and f.name != "workers"]  # workers: test_workers
+
+
+@pytest.fixture(scope="module")
+def documents(tmp_path_factory) -> Path:
+    """Three works: one long (split or cut), one a near copy of another, one mostly Latin."""
+    folder = tmp_path_factory.mktemp("documents")
+    story = "".join(f"吾輩は猫である。名前はまだ無い{i}。どこで生れたかとんと見当がつかぬ。" for i in range(60))
+    (folder / "a.txt").write_text(story, encoding="utf-8")
+    (folder / "b.txt").write_text(story[:1500].replace("猫", "犬", 3), encoding="utf-8")
+    (folder / "c.txt").write_text("Latin text with a few 日本語 words. " * 20, encoding="utf-8")
+    return folder
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.fixed_dictionaries({f.name: in_range(f) for f in SERVED}))
+def test_every_value_the_corpus_verb_accepts_builds_or_is_refused_in_one_line(values, documents, tmp_path_factory,
+                                                                              capsys):
+    """The class of an option value inside the range its --help declares that the component it configures cannot
+    serve (--near-dup 0.99 was one: datasketch refused one band, a traceback). Any such values together build a
+    corpus, or stop with exit 2, one line and nothing written."""
+    out = tmp_path_factory.mktemp("built") / "corpus"
+    flags = [arg for name, value in values.items() for arg in ("--" + name.replace("_", "-"), repr(value))]
+    capsys.readouterr()
+    code = main(["corpus", "--input", str(documents), "--doc-per-file", "--out", str(out), "--workers", "1",
+                 *flags])
+    err = capsys.readouterr().err.splitlines()
+    if code == 0:
+        assert (out / "manifest.json").exists() and (out / "documents.jsonl").exists()
+    else:
+        assert code == 2 and len(err) == 1 and not out.exists(), (code, err)

@@ -16,13 +16,12 @@ from hypothesis import strategies as st
 
 from hitoban.training.data import filters
 from hitoban.training.data.filters import (
-    NEAR_DUP_SAMPLE,
     PIIMasker,
     is_repetitive,
     japanese_ratio,
-    near_dup_signature,
     without_controls,
 )
+from hitoban.training.data.near_duplicates import SAMPLE, signature
 
 JAPANESE_PUNCTUATION = "々〆ー、。「」"
 # every Unicode category, controls, format characters, surrogates and unassigned code points among them
@@ -69,7 +68,7 @@ def test_repetition_is_found_exactly_where_the_sampled_windows_repeat(phrases, o
 
 
 def shingles(text: str) -> set[str]:
-    sample = text[:NEAR_DUP_SAMPLE]
+    sample = text[:SAMPLE]
     return {sample[i:i + 5] for i in range(max(1, len(sample) - 4))}
 
 
@@ -97,7 +96,7 @@ def estimates_jaccard(errors: list[float]) -> bool:
 
 
 def test_the_near_duplicate_signature_estimates_the_jaccard_similarity_of_5_grams():
-    assert estimates_jaccard(estimate_errors(near_dup_signature))
+    assert estimates_jaccard(estimate_errors(signature))
 
 
 def test_control_a_signature_of_the_text_itself_is_no_estimate():

@@ -97,22 +97,23 @@ def test_negative_control_results_out_of_order_change_the_corpus(corpus, tmp_pat
 
 def test_the_corpus_verb_forks_its_workers_before_anything_starts_a_thread(tmp_path):
     """The workers start first (once per build, for all its sources), from a process still running one thread, so
-    they are forked, the filters and MinHash already imported. Deciding when the documents arrived, after a progress
-    bar had started its monitor, sent the verb to a fork server started late (0.85 s); forking before MinHash's
-    import made each worker import scipy again (0.7 s of CPU each, on the cores the workers share)."""
+    they are forked, the filters and the near-duplicate step already imported. Deciding when the documents arrived,
+    after a progress bar had started its monitor, sent the verb to a fork server started late (0.85 s); forking
+    before the near-duplicate step's import made each worker import it again. And no build imports scipy (nor
+    datasketch, which imports it at module level): half a second of CPU before any worker starts."""
     probe = """
 import multiprocessing, sys
 from hitoban.cli import main
 starts = []
 real = multiprocessing.context.BaseContext.Pool
 def counted(self, *args, **kwargs):
-    starts.append((self.get_start_method(), "datasketch" in sys.modules))
+    starts.append((self.get_start_method(), "hitoban.training.data.near_duplicates" in sys.modules))
     return real(self, *args, **kwargs)
 multiprocessing.context.BaseContext.Pool = counted
 try:
     main(sys.argv[1:])
 finally:
-    print("POOLS", starts)
+    print("POOLS", starts, "HEAVY", sorted({"scipy", "datasketch"} & set(sys.modules)))
 """
     for name in ("a", "b"):
         (tmp_path / f"{name}.txt").write_text(f"{name}: " + "吾輩は猫である。名前はまだ無い。" * 20, encoding="utf-8")
@@ -120,7 +121,7 @@ finally:
                            str(tmp_path / "b.txt"), "--doc-per-file", "--out", str(tmp_path / "out"), "--workers", "2"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "POOLS [('fork', True)]" in done.stdout
+    assert "POOLS [('fork', True)] HEAVY []" in done.stdout
 
 
 
