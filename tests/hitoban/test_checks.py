@@ -12,7 +12,7 @@ from conftest import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hitoban.cli import VERBS, main
+from hitoban.cli import VERB_NAMES, main
 from hitoban.doctor import run_doctor
 from hitoban.evaluation.kvcache import check_kvcache
 
@@ -108,7 +108,7 @@ def test_a_planted_fault_the_kill_test_does_not_see_fails_the_doctor(tmp_path, m
     assert not json.loads((tmp_path / "blind" / "doctor.json").read_text())["passed"]
 
 
-@pytest.mark.parametrize("verb", sorted(VERBS))
+@pytest.mark.parametrize("verb", VERB_NAMES)  # every verb: hitoban.cli's list, not the registry (filled on import)
 def test_every_verb_explains_itself(verb, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([verb, "--help"])
@@ -244,3 +244,39 @@ def test_every_value_the_help_promises_is_accepted():
                 assert float(converted) == float(value), (verb, action.option_strings)
                 checked += 1
     assert checked >= 2  # --near-dup and --grad-clip at least: the scan reads the real help
+
+
+def described(parser) -> list[tuple]:
+    """Everything a parser's options say: flags, destination, default, type, choices, count, whether required,
+    help."""
+    return [(tuple(a.option_strings), a.dest, repr(a.default), getattr(a.type, "__name__", a.type),
+             tuple(a.choices or ()), a.nargs, a.required, a.help) for a in parser._actions]
+
+
+def test_a_verb_parsed_alone_has_the_options_of_the_whole_parser():
+    """`main` builds only the verb it runs (hitoban.cli.build_parser(verb)): for every verb, what the parser built
+    for it alone offers is what the whole parser offers under that verb's name."""
+    import argparse
+
+    from hitoban.cli import build_parser
+
+    def verb_parser(parser, name):
+        return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+
+    whole = build_parser()
+    for name in VERB_NAMES:
+        alone = build_parser(name)
+        assert list(next(a for a in alone._actions if isinstance(a, argparse._SubParsersAction)).choices) == [name]
+        assert described(verb_parser(alone, name)) == described(verb_parser(whole, name)), name
+
+
+def test_a_verb_imports_only_its_own_verbs_module():
+    """Each command imports the module of hitoban/verbs/ that holds its verb, not the other seven (a tenth of a
+    second of every command's start-up): one verb of each group, in a fresh process."""
+    from hitoban.cli import MODULES, PIPELINE
+
+    probe = ("import sys\nfrom hitoban.cli import main\ntry:\n    main([sys.argv[1], '--help'])\nexcept SystemExit:\n"
+             "    pass\nprint(sorted(m for m in sys.modules if m.startswith('hitoban.verbs.')))")
+    for group, names in PIPELINE.items():
+        done = subprocess.run([sys.executable, "-c", probe, names[-1]], capture_output=True, text=True, check=True)
+        assert done.stdout.strip().splitlines()[-1] == str([f"hitoban.verbs.{MODULES[group]}"]), (group, done.stdout)
