@@ -4,6 +4,7 @@ process's, duplicates, near-duplicates, split long documents and a character tar
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -11,11 +12,21 @@ import subprocess
 import sys
 import threading
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from hitoban.training.data.corpus import build_corpus, local_source
 from hitoban.training.data.filters import FilterSettings
-from hitoban.training.data.workers import Examiners, _context, default_workers, examiners, threads_of_this_process
+from hitoban.training.data.workers import (
+    FIRST_WINDOW_PER_WORKER,
+    WINDOW_PER_WORKER,
+    Examiners,
+    _context,
+    default_workers,
+    examiners,
+    threads_of_this_process,
+)
 
 CONTACTS = ("町内会のお知らせです。来週の日曜日に公園の清掃を行います。参加される方は前日までに担当の山田まで"
             "ご連絡ください。連絡先は yamada.taro@kouen-machi.jp または "  # hitoban: allow-secret (fake)
@@ -78,6 +89,23 @@ def test_examined_keeps_the_order_and_stops_reading_when_asked():
     assert firsts == documents[:10]
     assert len(read) < len(documents)  # a bounded window was read, not the whole source
     assert json.dumps(default_workers()) and default_workers() >= 1
+
+
+def test_examined_keeps_every_document_in_order_across_the_window_boundaries():
+    """The first window (examined in this process while the workers take the next two) and the workers' windows
+    after it lose, double or reorder nothing, whatever the number of documents and wherever the caller stops."""
+    settings = FilterSettings(min_chars=1, near_dup_threshold=None)
+    edge = 2 * (FIRST_WINDOW_PER_WORKER + 2 * WINDOW_PER_WORKER)  # two workers: the first three windows
+    with examiners(settings, workers=2) as started:
+
+        @hypothesis.settings(max_examples=40, deadline=None)
+        @hypothesis.given(st.integers(0, edge + 3), st.integers(0, edge + 3), st.integers(0, 10**6))
+        def check(count, stop, seed):
+            documents = [f"{'あ' * ((i * 7 + seed) % 11 + 6)}文書{i}。" for i in range(count)]  # Japanese enough
+            found = [f.pieces[0][0] for f in itertools.islice(started.examined(documents), stop)]
+            assert found == documents[:stop]
+
+        check()
 
 
 def test_negative_control_results_out_of_order_change_the_corpus(corpus, tmp_path, monkeypatch):
