@@ -67,19 +67,32 @@ def _text_key(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
 
 
+class HeldoutRule:
+    """The held-out rule, one document at a time in the corpus's order: per source, its document k goes to val if
+    k % every == 0, to test if == 1, until a split holds `max_docs_per_split`. Each choice depends only on the
+    documents before it, so the shards decide while they encode, in the one pass that reads the corpus."""
+
+    def __init__(self, every: int, max_docs_per_split: int):
+        self.every, self.max_docs = every, max_docs_per_split
+        self.per_source: dict[str, int] = {}
+        self.taken = {"val": 0, "test": 0}
+
+    def split_of(self, source: str) -> str | None:
+        """'val', 'test' or None (train) for the next document, of `source`."""
+        k = self.per_source.get(source, 0)
+        self.per_source[source] = k + 1
+        split = {0: "val", 1: "test"}.get(k % self.every)
+        if split and self.taken[split] < self.max_docs:
+            self.taken[split] += 1
+            return split
+        return None
+
+
 def choose_heldout(corpus: Path, every: int, max_docs_per_split: int) -> dict[int, str]:
-    """Pass 1: document index -> 'val' | 'test' by the rule (per source: k % every == 0 -> val, == 1 -> test)."""
-    per_source: dict[str, int] = {}
-    taken = {"val": 0, "test": 0}
-    heldout = {}
-    for index, record in enumerate(iter_corpus(corpus)):
-        k = per_source.get(record["source"], 0)
-        per_source[record["source"]] = k + 1
-        split = {0: "val", 1: "test"}.get(k % every)
-        if split and taken[split] < max_docs_per_split:
-            heldout[index] = split
-            taken[split] += 1
-    return heldout
+    """Document index -> 'val' | 'test' by `HeldoutRule`, for the whole corpus (what the shards chose)."""
+    rule = HeldoutRule(every, max_docs_per_split)
+    return {index: split for index, record in enumerate(iter_corpus(corpus))
+            if (split := rule.split_of(record["source"]))}
 
 
 class _ShardWriter:
@@ -150,14 +163,14 @@ def load_encoder(folder: Path) -> Tokenizer:
     return tok
 
 
-def _split_documents(corpus: Path, tok, heldout: dict, writers: dict, domains: list[str], np_dtype, scratch_path: Path,
-                     batch_docs: int, bar) -> _TrainScratch:
+def _split_documents(corpus: Path, tok, heldout: HeldoutRule, writers: dict, domains: list[str], np_dtype,
+                     scratch_path: Path, batch_docs: int, bar) -> _TrainScratch:
     """Pass 1: tokenize every document (markers inside the text removed, one <|end|> appended) and send it to its
-    held-out writer or to the train scratch file."""
+    held-out writer (`heldout` decides, in order) or to the train scratch file."""
     end_id = tok.token_to_id("<|end|>")
     special_ids = np.array([tok.token_to_id(t) for t in SPECIAL_TOKENS])
     scratch = _TrainScratch(scratch_path)
-    records, index = iter_corpus(corpus), 0
+    records = iter_corpus(corpus)
     with open(scratch_path, "wb") as out:
         while batch := [r for _, r in zip(range(batch_docs), records)]:
             encodings = tok.encode_batch([r["text"] for r in batch], add_special_tokens=False)
@@ -169,7 +182,7 @@ def _split_documents(corpus: Path, tok, heldout: dict, writers: dict, domains: l
                     ids = ids[~inside]
                 ids = np.append(ids, end_id)
                 domain = domains.index(record["source"])
-                split = heldout.get(index)
+                split = heldout.split_of(record["source"])
                 if split:
                     writers[split].add(ids, domain)
                     scratch.heldout_keys.add(_text_key(record["text"]))
@@ -178,7 +191,6 @@ def _split_documents(corpus: Path, tok, heldout: dict, writers: dict, domains: l
                     scratch.offsets.append(scratch.offsets[-1] + len(ids))
                     scratch.domains.append(domain)
                     scratch.keys.append(_text_key(record["text"]))
-                index += 1
             bar.update(len(batch))
     bar.close()
     for writer in writers.values():
@@ -235,7 +247,7 @@ def build_shards(
     domains = [s["name"] for s in manifest["sources"]]
     if len(domains) > 255:
         raise ShardError("more than 255 domains do not fit in the one-byte .domains.u8 files")
-    heldout = choose_heldout(corpus, val_every, max_heldout_docs)
+    heldout = HeldoutRule(val_every, max_heldout_docs)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
     try:

@@ -17,7 +17,15 @@ from hypothesis import strategies as st
 from hitoban.cli import main
 from hitoban.training.data.corpus import build_corpus, iter_corpus, local_source
 from hitoban.training.data.reader import ShardReader
-from hitoban.training.data.shards import ShardError, build_shards, dtype_for_vocab, verify_shards
+from hitoban.training.data.shards import (
+    HeldoutRule,
+    ShardError,
+    build_shards,
+    choose_heldout,
+    dtype_for_vocab,
+    load_encoder,
+    verify_shards,
+)
 from hitoban.training.data.tokenizer import train_tokenizer_from_corpus
 
 
@@ -51,6 +59,44 @@ def test_shards_index_and_invariants(pipeline):
         assert meta["tokens"] <= 150_000 or meta["docs"] == 1
     val = np.fromfile(root / "shards" / "val_000.domains.u8", dtype=np.uint8)
     assert len(val) == index["splits"]["val"]["docs"] and set(val) == {0, 1}
+
+
+def heldout_by_definition(sources: list[str], every: int, cap: int) -> dict[int, str]:
+    """The rule as the index states it, computed from the whole list: per source, its k-th document (counted from
+    0) is val if k % every == 0 and test if == 1, the first `cap` of each split in the corpus's order."""
+    chosen, counts = {}, {"val": 0, "test": 0}
+    for index, source in enumerate(sources):
+        k = sources[:index].count(source)
+        split = "val" if k % every == 0 else "test" if k % every == 1 else None
+        if split and counts[split] < cap:
+            chosen[index], counts[split] = split, counts[split] + 1
+    return chosen
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "c"]), max_size=60), st.integers(2, 7), st.integers(0, 6))
+def test_the_heldout_rule_decides_one_document_at_a_time_as_defined(sources, every, cap):
+    rule = HeldoutRule(every, cap)
+    decided = {index: split for index, source in enumerate(sources) if (split := rule.split_of(source))}
+    assert decided == heldout_by_definition(sources, every, cap)
+
+
+def test_the_shards_hold_out_the_documents_the_rule_chooses(pipeline):
+    """The shards decide while they encode (one pass over the corpus): their val and test documents are the
+    rule's choice over the whole corpus, in order, as the index states the rule."""
+    root, index = pipeline
+    sources = [record["source"] for record in iter_corpus(root / "corpus")]
+    rule = index["split_rule"]
+    chosen = heldout_by_definition(sources, rule["val_every"], rule["max_docs_per_heldout_split"])
+    assert choose_heldout(root / "corpus", rule["val_every"], rule["max_docs_per_heldout_split"]) == chosen
+    encoder = load_encoder(root / "tok")
+    texts = [record["text"] for record in iter_corpus(root / "corpus")]
+    for split in ("val", "test"):
+        held = [ids.tolist() for ids, _ in ShardReader(root / "shards", split).documents()]
+        expected = [texts[i] for i, chosen_split in sorted(chosen.items()) if chosen_split == split]
+        assert len(held) == len(expected) == index["splits"][split]["docs"] > 0
+        for ids, text in zip(held, expected):  # the marker planted in one text is removed: compare the rest
+            assert ids[-1] == index["tokenizer"]["end_id"] and encoder.decode(ids[:-1]) in text.replace("<|end|>", "")
 
 
 def test_train_is_shuffled_by_seed_and_disjoint_from_heldout(pipeline):
