@@ -41,3 +41,21 @@ def test_the_few_works_are_the_first_fortieth_by_name_at_least_two(bench_workers
     few = bench_workers.first_works(literature, tmp_path / "out")
     assert sorted(p.name for p in few.iterdir()) == names[:linked]
     assert all((few / name).resolve() == (literature / name).resolve() for name in names[:linked])
+
+
+@given(st.lists(st.tuples(st.floats(0.1, 20), st.floats(0.1, 20)), min_size=1, max_size=9))
+def test_the_paired_speed_up_is_the_median_of_each_rounds_ratio(bench_workers, rounds):
+    runs = {1: {"runs": [one for one, _ in rounds]}, 2: {"runs": [two for _, two in rounds]}}
+    ratios = sorted(one / two for one, two in rounds)
+    middle = len(ratios) // 2
+    expected = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+    assert bench_workers.paired_speedup(runs, 2) == pytest.approx(expected)
+
+
+def test_control_best_over_best_is_not_the_paired_speed_up(bench_workers):
+    """Negative control: the definition test tells the paired median from best over best. Three rounds, two at 1.8x
+    and one whose runs met different loads (its 1-worker run fast, its 2-worker run slow: 1.2x): the paired median
+    stays 1.8x, best over best (2.9 s / 2.0 s) reports 1.45x."""
+    runs = {1: {"runs": [3.6, 3.6, 2.9]}, 2: {"runs": [2.0, 2.0, 2.42]}}
+    assert bench_workers.paired_speedup(runs, 2) == pytest.approx(1.8)
+    assert min(runs[1]["runs"]) / min(runs[2]["runs"]) == pytest.approx(1.45)
