@@ -4,8 +4,8 @@ index over them that says whether a signature is near one seen before.
 The same signatures, bands and decisions as datasketch 2's `MinHash` (its "affine32" scheme) and `MinHashLSH`,
 held to datasketch itself by tests/training/data/test_near_duplicates.py, without importing it: datasketch's
 package imports scipy at module level (for the integral that picks the bands), half a second of CPU in the one
-process that writes a corpus, before any worker can start. That serial start-up is what held a build on 2 workers
-under 1.7x one worker's speed on 2 cores. The integrals are of polynomials of degree at most 64, which numpy's
+process that writes a corpus, before any worker can start: most of the serial start-up of a build on 2 workers
+(docs/benchmarks.md, data preparation). The integrals are of polynomials of degree at most 64, which numpy's
 Gauss-Legendre rule integrates exactly. One band is served too (thresholds above about 0.98: an exact signature
 match), where datasketch refuses it, so every threshold the corpus verb accepts builds a corpus.
 
@@ -67,12 +67,12 @@ def _nodes(low: float, high: float) -> np.ndarray:
 
 
 @functools.cache
-def bands(threshold: float, permutations: int = PERMUTATIONS) -> tuple[int, int]:
-    """(bands, rows per band) for a Jaccard `threshold`: the split of the signature that makes the mean of the
-    false-positive and false-negative probabilities (integrated below and above the threshold) least, the first
-    such in (bands, rows) order, as datasketch's MinHashLSH chooses with its default weights. Two texts are near
-    duplicates when any band of their signatures is equal."""
-    splits = np.array([(b, r) for b in range(1, permutations + 1) for r in range(1, permutations // b + 1)], float)
+def bands(threshold: float, count: int = PERMUTATIONS) -> tuple[int, int]:
+    """(bands, rows per band) for a Jaccard `threshold` and a signature of `count` values: the split that makes the
+    mean of the false-positive and false-negative probabilities (integrated below and above the threshold) least,
+    the first such in (bands, rows) order, as datasketch's MinHashLSH chooses with its default weights. Two texts
+    are near duplicates when any band of their signatures is equal."""
+    splits = np.array([(b, r) for b in range(1, count + 1) for r in range(1, count // b + 1)], float)
     b, r = splits[:, :1], splits[:, 1:]
     below, above = _nodes(0.0, threshold), _nodes(threshold, 1.0)
     false_positive = _integrals(1 - (1 - below**r) ** b, 0.0, threshold)
