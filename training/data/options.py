@@ -51,7 +51,7 @@ class CorpusOptions(Checked):
     encoding: str = option(ENCODING, "text encoding of the local input")
     errors: str = option(DECODE_ERRORS[0], "what to do with undecodable bytes (default: stop and name the file and "
                                            "offset)", choices=DECODE_ERRORS)
-    target_chars: float | None = option(None, "stop after this many characters (default: everything)", above=0)
+    target_chars: float | None = option(None, "stop after this many characters (default: everything)", min=1)
     share: list[str] = option(help="share of the target per source (default aozora=0.10 when mixed, the rest split "
                                    "evenly)", factory=list, repeat=True, metavar="NAME=FRACTION")
     min_chars: int = option(_FILTERS.min_chars, "shorter documents are rejected (3LM)", min=0)
@@ -84,7 +84,7 @@ class TokenizerOptions(Checked):
     corpus: str = option(help="a folder built by `hitoban corpus`")
     out: str = option(help="new tokenizer folder (AutoTokenizer.from_pretrained loads it)")
     vocab_size: int = option(VOCAB_SIZE, "pieces, including special and byte pieces", min=MIN_VOCAB)
-    max_chars: float = option(float(SAMPLE_CHARS), "character budget of the training sample", above=0)
+    max_chars: float = option(float(SAMPLE_CHARS), "character budget of the training sample", min=1)
     source_cap: list[str] = option(help="at most CHARS sample characters from one source (zxell's per-language caps)",
                                    factory=list, repeat=True, metavar="NAME=CHARS")
     context: int = option(CONTEXT, "model_max_length recorded in the tokenizer", min=2)

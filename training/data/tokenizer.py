@@ -25,7 +25,7 @@ from sentencepiece import sentencepiece_model_pb2
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from hitoban.errors import InputError, OutputExistsError
+from hitoban.errors import InputError, OutputExistsError, UsageError
 from hitoban.modeling.loading import check_tokenizer_folder
 from hitoban.training.data.corpus import iter_corpus, load_manifest
 from hitoban.training.data.markers import ASSISTANT, END, MARKERS, SPECIAL_TOKENS, UNK, USER, require_markers  # noqa: F401  (re-exported)
@@ -285,6 +285,8 @@ def train_tokenizer_from_corpus(
     """Train on a `hitoban corpus` folder: a strided sample within `max_chars` (huge corpora are never read whole),
     every `heldout_every`-th sampled document kept out and used to report chars/token. `workers`: the encoder's
     threads (default: every core); SentencePiece's trainer always splits its work TRAINER_THREADS ways."""
+    if max_chars < 1:  # the command line refuses it too (TokenizerOptions): a caller of the library gets one line
+        raise UsageError(f"max_chars {max_chars}: the training sample needs at least 1 character")
     if workers:
         encoding_threads(workers)
     manifest = load_manifest(corpus)

@@ -67,13 +67,27 @@ def test_ranges_at_their_edges(capsys):
     check_edges("corpus", CorpusOptions, ["--out", "o"], {
         "--min-chars": (["0"], ["-1"]), "--max-chars": (["1"], ["0"]),
         "--min-ja-ratio": (["0", "1"], ["-0.01", "1.01"]), "--near-dup": (["0", "1"], ["-0.01", "1.01"]),
-        "--target-chars": (["1e-06"], ["0", "-5"]), "--seed": (["0"], ["-1"])}, capsys)
+        "--target-chars": (["1", "3e8"], ["0.5", "0", "-5"]), "--seed": (["0"], ["-1"])}, capsys)
     check_edges("tokenizer", TokenizerOptions, ["--corpus", "c", "--out", "o"], {
-        "--vocab-size": (["260"], ["259", "0"]), "--max-chars": (["1e-06"], ["0"]), "--context": (["2"], ["1"]),
-        "--seed": (["0"], ["-1"])}, capsys)
+        "--vocab-size": (["260"], ["259", "0"]), "--max-chars": (["1", "3e8"], ["0.5", "0"]),
+        "--context": (["2"], ["1"]), "--seed": (["0"], ["-1"])}, capsys)
     check_edges("shards", ShardsOptions, [], {
         "--shard-tokens": (["1"], ["0"]), "--val-every": (["2"], ["1"]), "--max-heldout-docs": (["0"], ["-1"]),
         "--context": (["2"], ["1"]), "--seed": (["0"], ["-1"])}, capsys)
+
+
+def run_with(verb: str, required: list[str], values: dict, out: Path, capsys) -> int:
+    """`hitoban VERB` with every ranged option drawn: it writes `out`, or stops with exit 2, one line, nothing
+    written. Returns the exit code."""
+    flags = [arg for name, value in values.items() for arg in ("--" + name.replace("_", "-"), repr(value))]
+    capsys.readouterr()
+    code = main([verb, *required, "--out", str(out), *flags])
+    err = capsys.readouterr().err.splitlines()
+    if code == 0:
+        assert out.exists()
+    else:
+        assert code == 2 and len(err) == 1 and not out.exists(), (code, err)
+    return code
 
 
 SERVED = [f for f in dataclasses.fields(CorpusOptions) if ranged(f) and f.name != "workers"]  # workers: test_workers
@@ -98,12 +112,51 @@ def test_every_value_the_corpus_verb_accepts_builds_or_is_refused_in_one_line(va
     serve (--near-dup 0.99 was one: datasketch refused one band, a traceback). Any such values together build a
     corpus, or stop with exit 2, one line and nothing written."""
     out = tmp_path_factory.mktemp("built") / "corpus"
-    flags = [arg for name, value in values.items() for arg in ("--" + name.replace("_", "-"), repr(value))]
-    capsys.readouterr()
-    code = main(["corpus", "--input", str(documents), "--doc-per-file", "--out", str(out), "--workers", "1",
-                 *flags])
-    err = capsys.readouterr().err.splitlines()
-    if code == 0:
+    if run_with("corpus", ["--input", str(documents), "--doc-per-file", "--workers", "1"], values, out, capsys) == 0:
         assert (out / "manifest.json").exists() and (out / "documents.jsonl").exists()
-    else:
-        assert code == 2 and len(err) == 1 and not out.exists(), (code, err)
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory, literature_texts) -> Path:
+    """40 documents of 500 characters of real literature as a corpus (one per line): enough for val and test
+    documents at a small --val-every."""
+    text = "".join(literature_texts[:5]).replace("\n", "")
+    lines = tmp_path_factory.mktemp("lines") / "lines.txt"
+    lines.write_text("\n".join(text[i * 500:(i + 1) * 500] for i in range(40)), encoding="utf-8")
+    out = tmp_path_factory.mktemp("small") / "corpus"
+    assert main(["corpus", "--input", str(lines), "--out", str(out), "--workers", "1"]) == 0
+    return out
+
+
+SHARDS_SERVED = [f for f in dataclasses.fields(ShardsOptions) if ranged(f) and f.name != "workers"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.fixed_dictionaries({f.name: in_range(f) for f in SHARDS_SERVED}))
+def test_every_value_the_shards_verb_accepts_builds_or_is_refused_in_one_line(values, small_corpus, tokenizer_dir,
+                                                                              tmp_path_factory, capsys):
+    run_with("shards", ["--corpus", str(small_corpus), "--tokenizer", str(tokenizer_dir), "--workers", "1"], values,
+             tmp_path_factory.mktemp("shards") / "out", capsys)
+
+
+TOKENIZER_SERVED = [f for f in dataclasses.fields(TokenizerOptions) if ranged(f) and f.name != "workers"]
+
+
+@pytest.mark.slow  # a tokenizer trained per example: 1 to 20 s
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.fixed_dictionaries({f.name: in_range(f) for f in TOKENIZER_SERVED}))
+def test_every_value_the_tokenizer_verb_accepts_trains_or_is_refused_in_one_line(values, small_corpus,
+                                                                                 tmp_path_factory, capsys):
+    run_with("tokenizer", ["--corpus", str(small_corpus), "--workers", "1"], values,
+             tmp_path_factory.mktemp("tok") / "out", capsys)
+
+
+@pytest.mark.parametrize("max_chars", [0, 0.5, -3])
+def test_the_tokenizer_library_refuses_a_sample_of_no_characters(tmp_path, max_chars):
+    """`--max-chars 0.5` was accepted (above 0), became 0 and divided by zero; the command line now refuses it
+    (at least 1, above) and so does the library, before reading anything."""
+    from hitoban.errors import UsageError
+
+    with pytest.raises(UsageError, match=f"max_chars {max_chars}: "):
+        tokenizer.train_tokenizer_from_corpus(tmp_path / "no-corpus", tmp_path / "out", max_chars=max_chars)
+    assert not (tmp_path / "out").exists()
