@@ -270,6 +270,7 @@ def test_a_verb_parsed_alone_has_the_options_of_the_whole_parser():
         assert described(verb_parser(alone, name)) == described(verb_parser(whole, name)), name
 
 
+@pytest.mark.slow  # eight fresh processes (~5 s): the full suite runs it
 def test_a_verb_imports_only_its_own_verbs_module():
     """Each command imports the module of hitoban/verbs/ that holds its verb, not the other seven (a tenth of a
     second of every command's start-up): one verb of each group, in a fresh process."""
