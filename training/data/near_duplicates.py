@@ -52,7 +52,11 @@ def signature(text: str) -> np.ndarray:
     time of SHA-1 (datasketch's default)."""
     sample = text[:SAMPLE]
     grams = {sample[i : i + SHINGLE] for i in range(max(1, len(sample) - SHINGLE + 1))}
-    hashes = np.fromiter((mmh3.hash(gram, SHINGLE_HASH_SEED, signed=False) for gram in grams), np.uint32, len(grams))
+    try:
+        sample.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: mmh3 crashes the process on it (a segfault), so hash the bytes
+        grams = {gram.encode("utf-8", "surrogatepass") for gram in grams}  # (valid text hashes as before)
+    hashes = np.array([mmh3.hash(gram, SHINGLE_HASH_SEED, signed=False) for gram in grams], dtype=np.uint32)
     a, b = permutations()
     return (_premix(hashes)[:, None] * a + b).min(axis=0)
 

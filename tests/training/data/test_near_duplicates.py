@@ -27,17 +27,30 @@ def datasketch_signature(text: str) -> MinHash:
     sample = text[:SAMPLE]
     grams = {sample[i:i + 5] for i in range(max(1, len(sample) - 4))}
     minhash = MinHash(num_perm=PERMUTATIONS, seed=1, scheme="affine32", hashfunc=lambda value: value)
-    minhash.update_batch([mmh3.hash(gram, 0, signed=False) for gram in grams])
+    minhash.update_batch([mmh3.hash(gram.encode("utf-8", "surrogatepass"), 0, signed=False) for gram in grams])
     return minhash
 
 
 @settings(max_examples=150, deadline=None)
 @given(TEXT)
 @example("")  # one empty 5-gram: still a signature
+@example("あいう\ud800えおかき")  # a lone surrogate: its 5-grams hashed as bytes (mmh3 crashed on the str)
 def test_the_signature_is_datasketchs_minhash(text):
     ours = signature(text)
     assert ours.dtype == np.uint32 and ours.shape == (PERMUTATIONS,)
     assert np.array_equal(ours, datasketch_signature(text).hashvalues)
+
+
+def test_a_lone_surrogate_gets_a_signature_and_valid_text_hashes_as_str():
+    """mmh3 hashing a str that holds a lone surrogate crashed the whole process (a segfault, found by the test
+    above in a fresh clone's run); such text's 5-grams are hashed as bytes, and valid text's signature is the one
+    its str 5-grams give (so every corpus's decisions are unchanged)."""
+    assert signature("吾輩は\ud800猫である").shape == (PERMUTATIONS,)
+    text = "吾輩は猫である。名前はまだ無い。"
+    grams = {text[i:i + 5] for i in range(len(text) - 4)}
+    a, b = near_duplicates.permutations()
+    by_str = near_duplicates._premix(np.array([mmh3.hash(g, 0, signed=False) for g in grams], dtype=np.uint32))
+    assert np.array_equal(signature(text), (by_str[:, None] * a + b).min(axis=0))
 
 
 @settings(max_examples=25, deadline=None)
