@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from hypothesis import strategies as st
 
@@ -36,8 +37,8 @@ def ranged(f: dataclasses.Field) -> bool:
 
 
 def in_range(f: dataclasses.Field, top: float = 1e7) -> st.SearchStrategy:
-    """Values a field's declared range admits, its edges among them (up to `top` where it has none above):
-    integers for an int field, floats otherwise."""
+    """Values a field's declared range admits, its edges among them (an open edge's nearest value inside; up to
+    `top` where it has none above): integers for an int field, floats otherwise."""
     meta = f.metadata
     low = meta.get("min", meta.get("above", 0))
     high = meta.get("max", meta.get("below", top))
@@ -45,5 +46,7 @@ def in_range(f: dataclasses.Field, top: float = 1e7) -> st.SearchStrategy:
         edges = [int(low) + ("above" in meta), int(high) - ("below" in meta)]
         return st.one_of(st.sampled_from(edges), st.integers(edges[0], edges[1]))
     inside = st.floats(low, high, exclude_min="above" in meta, exclude_max="below" in meta)
-    edges = [v for v, open_edge in ((low, "above" in meta), (high, "below" in meta)) if not open_edge]
-    return st.one_of(st.sampled_from(edges), inside) if edges else inside
+    # an open edge's nearest value inside (above 0: 5e-324, which int() makes 0), a closed edge itself
+    edges = [math.nextafter(low, high) if "above" in meta else low,
+             math.nextafter(high, low) if "below" in meta else high]
+    return st.one_of(st.sampled_from(edges), inside)

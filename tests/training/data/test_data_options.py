@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from option_edges import accepts, check_edges, in_range, ranged
 
 from hitoban.cli import main
+from hitoban.options import argv_for
 from hitoban.training.data import corpus, shards, tokenizer
 from hitoban.training.data.filters import FilterSettings
 from hitoban.training.data.options import CorpusOptions, ShardsOptions, TokenizerOptions
@@ -76,12 +77,11 @@ def test_ranges_at_their_edges(capsys):
         "--context": (["2"], ["1"]), "--seed": (["0"], ["-1"])}, capsys)
 
 
-def run_with(verb: str, required: list[str], values: dict, out: Path, capsys) -> int:
-    """`hitoban VERB` with every ranged option drawn: it writes `out`, or stops with exit 2, one line, nothing
+def run_with(verb: str, cls: type, required: list[str], values: dict, out: Path, capsys) -> int:
+    """`hitoban VERB` with `cls`'s fields set to `values`: it writes `out`, or stops with exit 2, one line, nothing
     written. Returns the exit code."""
-    flags = [arg for name, value in values.items() for arg in ("--" + name.replace("_", "-"), repr(value))]
     capsys.readouterr()
-    code = main([verb, *required, "--out", str(out), *flags])
+    code = main([verb, *required, "--out", str(out), *argv_for(cls, **values)])
     err = capsys.readouterr().err.splitlines()
     if code == 0:
         assert out.exists()
@@ -112,7 +112,8 @@ def test_every_value_the_corpus_verb_accepts_builds_or_is_refused_in_one_line(va
     serve (--near-dup 0.99 was one: datasketch refused one band, a traceback). Any such values together build a
     corpus, or stop with exit 2, one line and nothing written."""
     out = tmp_path_factory.mktemp("built") / "corpus"
-    if run_with("corpus", ["--input", str(documents), "--doc-per-file", "--workers", "1"], values, out, capsys) == 0:
+    required = ["--input", str(documents), "--doc-per-file", "--workers", "1"]
+    if run_with("corpus", CorpusOptions, required, values, out, capsys) == 0:
         assert (out / "manifest.json").exists() and (out / "documents.jsonl").exists()
 
 
@@ -135,8 +136,8 @@ SHARDS_SERVED = [f for f in dataclasses.fields(ShardsOptions) if ranged(f) and f
 @given(values=st.fixed_dictionaries({f.name: in_range(f) for f in SHARDS_SERVED}))
 def test_every_value_the_shards_verb_accepts_builds_or_is_refused_in_one_line(values, small_corpus, tokenizer_dir,
                                                                               tmp_path_factory, capsys):
-    run_with("shards", ["--corpus", str(small_corpus), "--tokenizer", str(tokenizer_dir), "--workers", "1"], values,
-             tmp_path_factory.mktemp("shards") / "out", capsys)
+    required = ["--corpus", str(small_corpus), "--tokenizer", str(tokenizer_dir), "--workers", "1"]
+    run_with("shards", ShardsOptions, required, values, tmp_path_factory.mktemp("shards") / "out", capsys)
 
 
 TOKENIZER_SERVED = [f for f in dataclasses.fields(TokenizerOptions) if ranged(f) and f.name != "workers"]
@@ -147,7 +148,7 @@ TOKENIZER_SERVED = [f for f in dataclasses.fields(TokenizerOptions) if ranged(f)
 @given(values=st.fixed_dictionaries({f.name: in_range(f) for f in TOKENIZER_SERVED}))
 def test_every_value_the_tokenizer_verb_accepts_trains_or_is_refused_in_one_line(values, small_corpus,
                                                                                  tmp_path_factory, capsys):
-    run_with("tokenizer", ["--corpus", str(small_corpus), "--workers", "1"], values,
+    run_with("tokenizer", TokenizerOptions, ["--corpus", str(small_corpus), "--workers", "1"], values,
              tmp_path_factory.mktemp("tok") / "out", capsys)
 
 
