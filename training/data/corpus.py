@@ -58,6 +58,21 @@ class CorpusInputError(InputError):
     """Bad input (unreadable file, wrong encoding, nothing usable): the message names the file and what to do."""
 
 
+@dataclass(frozen=True)
+class WholeFile:
+    """A document that is a whole file, not yet read (`Source.unread_documents`)."""
+
+    path: Path
+    encoding: str
+    errors: str
+
+    def read(self) -> str:
+        try:
+            return read_text(self.path, "corpus file", self.encoding, self.errors)
+        except InputError as err:
+            raise CorpusInputError(str(err)) from None
+
+
 @dataclass
 class Source:
     """One input stream: a pinned Hub dataset or local files. `documents()` yields raw texts lazily."""
@@ -81,6 +96,13 @@ class Source:
         return {"name": self.name, "files": sorted(p.name for p in self.paths), "license": self.license}
 
     def documents(self) -> Iterator[str]:
+        for document in self.unread_documents():
+            yield document if isinstance(document, str) else document.read()
+
+    def unread_documents(self) -> Iterator[str | WholeFile]:
+        """`documents`, but a document that is a whole file comes unread: whoever examines it reads it (a worker
+        process), so the one writing process, whose serial work caps a build on many cores, neither reads nor
+        decodes it, and its text is not pickled on the way to the worker."""
         if self.repo:
             yield from self._hub_documents()
             return
@@ -90,7 +112,7 @@ class Source:
             elif path.suffix == ".parquet":
                 yield from self._parquet(path)
             elif self.doc_per_file:
-                yield self._read_whole(path)
+                yield WholeFile(path, self.encoding, self.errors)
             elif self.blank_line_docs:
                 yield from self._txt_blocks(path)
             else:
@@ -106,12 +128,6 @@ class Source:
 
     def _decode_error(self, path: Path, err: UnicodeDecodeError, offset: int) -> CorpusInputError:
         return CorpusInputError(str(decode_error(path, err, offset, self.encoding)))
-
-    def _read_whole(self, path: Path) -> str:
-        try:
-            return read_text(path, "corpus file", self.encoding, self.errors)
-        except InputError as err:
-            raise CorpusInputError(str(err)) from None
 
     def _raw_lines(self, path: Path) -> Iterator[tuple[int, str]]:
         """(line number, decoded line), decoding per line so an error can name its exact byte offset."""
@@ -279,16 +295,16 @@ def _write_documents(tmp: Path, sources: list[Source], targets: dict[str, float]
         for source in sources:
             docs = chars = seen = 0
             after_text = f', "source": {json.dumps(source.name, ensure_ascii=False)}}}\n'.encode()
-            for found in examining.examined(source.documents()):
+            for found in examining.examined(source.unread_documents()):
                 seen += 1
                 for piece in doc_filter.admit(found):  # a long document's pieces are documents of their own
-                    text = found.pieces[piece][0] if masker is None else _masked(found.masked[piece], masker,
-                                                                                    pii_log)
+                    if masker is not None:
+                        _masked(found.masked[piece], masker, pii_log)
                     line = b'{"text": ' + found.encoded[piece] + after_text  # json.dumps of the record, in bytes
                     writer.write(line)
                     digest.update(line)
-                    docs, chars = docs + 1, chars + len(text)
-                    bar.update(len(text))
+                    docs, chars = docs + 1, chars + found.written[piece]
+                    bar.update(found.written[piece])
                     if chars >= targets[source.name]:
                         break
                 if chars >= targets[source.name]:
@@ -310,14 +326,13 @@ def character_account(doc_filter: DocumentFilter) -> dict:
             "dropped": dropped, "kept_of_passing": round(counts["kept"] / passed, 6) if passed else None}
 
 
-def _masked(masked: tuple, masker: PIIMasker, pii_log) -> str:
+def _masked(masked: tuple, masker: PIIMasker, pii_log) -> None:
     """A kept piece as it was masked where it was examined (`filters.mask_pieces`): its counts added to the
     corpus's, its sealed values logged now, so the log follows the documents' order and holds one piece's values."""
-    text, counts, sealed_values = masked
+    _, counts, sealed_values = masked
     masker.counts.update(counts)
     for sealed in sealed_values:
         pii_log.write(json.dumps(sealed, ensure_ascii=False) + "\n")
-    return text
 
 
 def _refuse_empty(per_source: list[dict], seen_total: int, doc_filter: DocumentFilter,

@@ -20,6 +20,7 @@ import re
 import unicodedata
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 BAD_PAGE = re.compile(
     r"18歳未満|アダルトサイト|出会い系|(404|403)\s*(Not Found|Forbidden)|お探しのページは(見つかりません|移動)"
@@ -125,12 +126,21 @@ def is_repetitive(text: str, window: int = 20, limit: int = 4) -> bool:
     return max(seen.values(), default=0) >= limit
 
 
+class Piece(NamedTuple):
+    """A piece of a document that passed the per-piece filters, with its duplicate keys."""
+
+    text: str | None  # None once shipped to the writing process, which reads only its length and encoding
+    chars: int
+    prefix: bytes  # hash of the first dedup_prefix_chars characters
+    signature: object  # near-duplicate MinHash signature, or None when that step is off
+
+
 @dataclass
 class Examined:
     """What one raw document became before de-duplication (`examine`: a pure function, run in any process): the
     pieces that passed the per-piece filters with their duplicate keys, and the counts of everything else."""
 
-    pieces: list  # (text, prefix hash, near-duplicate signature or None), in the document's order
+    pieces: list[Piece]  # in the document's order
     chars: Counter  # read, cleaned_away, truncated, and characters dropped by reason
     rejected: Counter  # documents or pieces rejected, by reason
     long: int = 0
@@ -138,6 +148,18 @@ class Examined:
     split_pieces: int = 0
     masked: list | None = None  # per piece, when masked where it was examined: (text, counts, sealed values)
     encoded: list | None = None  # per piece, the text as written (masked where masked): a JSON string, UTF-8
+    written: list | None = None  # per piece, the characters written (of the masked text where masked)
+
+    def shipped(self) -> Examined:
+        """Without the texts, which the writing process never reads once each piece is encoded (`encode_pieces`):
+        a worker's result crosses to it pickled, and each text went three times (as examined, masked, encoded),
+        half of the bytes that cross and a tenth of the writer's CPU."""
+        if self.encoded is None:
+            raise ValueError("encode the pieces (encode_pieces) before shipping them without their texts")
+        self.pieces = [piece._replace(text=None) for piece in self.pieces]
+        if self.masked is not None:
+            self.masked = [(None, counts, sealed) for _, counts, sealed in self.masked]
+        return self
 
 
 def examine(raw: str, s: FilterSettings) -> Examined:
@@ -171,7 +193,7 @@ def examine(raw: str, s: FilterSettings) -> Examined:
             _dropped(found, "repetition", len(part))
         else:
             prefix = hashlib.blake2b(part[: s.dedup_prefix_chars].encode("utf-8"), digest_size=16).digest()
-            found.pieces.append((part, prefix, near_signature(part) if s.near_dup_threshold else None))
+            found.pieces.append(Piece(part, len(part), prefix, near_signature(part) if s.near_dup_threshold else None))
     return found
 
 
@@ -205,7 +227,7 @@ class DocumentFilter:
         """The documents `raw` becomes: none (rejected), one, or, over `max_chars`, the pieces of `split_long` that
         pass the filters (or its first `max_chars` with `long_docs="truncate"`). Every character is counted."""
         found = examine(raw, self.settings)
-        return [found.pieces[i][0] for i in self.admit(found)]
+        return [found.pieces[i].text for i in self.admit(found)]
 
     def admit(self, found: Examined) -> list[int]:
         """De-duplicate an examined document's pieces against everything kept before (exact prefix, then near),
@@ -215,16 +237,16 @@ class DocumentFilter:
         self.long, self.truncated = self.long + found.long, self.truncated + found.truncated
         self.split_pieces += found.split_pieces
         kept = []
-        for i, (text, prefix, signature) in enumerate(found.pieces):
-            if prefix in self._prefixes:
-                self._reject("duplicate", len(text))
+        for i, piece in enumerate(found.pieces):
+            if piece.prefix in self._prefixes:
+                self._reject("duplicate", piece.chars)
                 continue
-            self._prefixes.add(prefix)
-            if self._near is not None and self._near.seen_before(signature):
-                self._reject("near_duplicate", len(text))
+            self._prefixes.add(piece.prefix)
+            if self._near is not None and self._near.seen_before(piece.signature):
+                self._reject("near_duplicate", piece.chars)
                 continue
             kept.append(i)
-        self.chars["kept"] += sum(len(found.pieces[i][0]) for i in kept)
+        self.chars["kept"] += sum(found.pieces[i].chars for i in kept)
         return kept
 
     def apply(self, raw: str) -> str | None:
@@ -412,9 +434,9 @@ def mask_pieces(found: Examined, salt: bytes | None) -> Examined:
     a corpus build's work): its masked text, its counts and its sealed values, which the writing process adds up for
     the pieces it keeps, in order. The same as masking the kept pieces one by one with one masker of this `salt`."""
     found.masked = []
-    for text, _, _ in found.pieces:
+    for piece in found.pieces:
         masker = PIIMasker(salt=salt)
-        found.masked.append((masker.mask(text), masker.counts, masker.log))
+        found.masked.append((masker.mask(piece.text), masker.counts, masker.log))
     return found
 
 
@@ -422,6 +444,7 @@ def encode_pieces(found: Examined) -> Examined:
     """Each piece as the corpus will hold it (its masked text where it was masked), as a JSON string in UTF-8,
     encoded where it was examined (a worker process): the one writing process then only joins bytes, and its serial
     work is what caps a build on many cores."""
-    texts = [masked[0] for masked in found.masked] if found.masked is not None else [p[0] for p in found.pieces]
+    texts = [masked[0] for masked in found.masked] if found.masked is not None else [p.text for p in found.pieces]
     found.encoded = [json.dumps(text, ensure_ascii=False).encode("utf-8") for text in texts]
+    found.written = [len(text) for text in texts]
     return found

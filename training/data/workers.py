@@ -1,9 +1,9 @@
-"""Data preparation on every core: the per-document filters (`filters.examine`: cleaning, splitting, language,
-repetition, the duplicate keys and MinHash signatures) and the PII masking of each piece (`filters.mask_pieces`) run
-in worker processes, in windows of documents read in order, while the one process that owns the corpus
-de-duplicates and writes them in that same order (and examines the first window itself, rather than wait for it).
-The output is byte-identical to one process (tests/training/data/test_workers.py), and memory stays bounded by a
-few windows of documents.
+"""Data preparation on every core: reading each document that is a whole file, the per-document filters
+(`filters.examine`: cleaning, splitting, language, repetition, the duplicate keys and MinHash signatures) and the PII
+masking of each piece (`filters.mask_pieces`) run in worker processes, in windows of documents taken in order, while
+the one process that owns the corpus de-duplicates and writes them in that same order (and examines the first window
+itself, rather than wait for it). The output is byte-identical to one process (tests/training/data/test_workers.py),
+and memory stays bounded by a few windows of documents.
 
 Standard library and the filters (themselves light) at import: the corpus verb's options read `default_workers`."""
 
@@ -40,11 +40,13 @@ def encoding_threads(workers: int) -> None:
     os.environ["RAYON_NUM_THREADS"] = str(workers)
 
 
-def prepare(raw: str, settings, masking: tuple[bytes | None] | None = None) -> Examined:
-    """One document examined, its pieces masked where `masking` is given (a 1-tuple: the masker's salt), and
-    encoded as the corpus will hold them."""
-    found = examine(raw, settings)
-    return encode_pieces(found if masking is None else mask_pieces(found, masking[0]))
+def prepare(raw, settings, masking: tuple[bytes | None] | None = None) -> Examined:
+    """One document (a text, or a file with `read()`, read here: `corpus.WholeFile`) examined, its pieces masked
+    where `masking` is given (a 1-tuple: the masker's salt), and encoded as the corpus will hold them; shipped
+    without their texts, which the writer never reads (whichever process examined it, so one process and many
+    write from the same fields)."""
+    found = examine(raw if isinstance(raw, str) else raw.read(), settings)
+    return encode_pieces(found if masking is None else mask_pieces(found, masking[0])).shipped()
 
 
 def _start(settings, masking) -> None:
@@ -68,7 +70,7 @@ def single_threaded_blas() -> Iterator[None]:
             os.environ.pop("OPENBLAS_NUM_THREADS", None)
 
 
-def _examine(raw: str) -> Examined:
+def _examine(raw) -> Examined:
     return prepare(raw, _SETTINGS, _MASKING)
 
 
@@ -102,7 +104,7 @@ class Examiners:
     def __init__(self, settings, workers: int, masking: tuple[bytes | None] | None, pool=None):
         self.settings, self.workers, self.masking, self.pool = settings, workers, masking, pool
 
-    def examined(self, documents: Iterable[str]) -> Iterator[Examined]:
+    def examined(self, documents: Iterable) -> Iterator[Examined]:
         """`prepare` of every document, in the documents' order. Stops reading when the caller stops iterating (a
         reached character target)."""
         if self.pool is None:

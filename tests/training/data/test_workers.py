@@ -7,6 +7,7 @@ import hashlib
 import itertools
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import hypothesis
 import pytest
 from hypothesis import strategies as st
 
-from hitoban.training.data.corpus import build_corpus, local_source
+from hitoban.training.data.corpus import CorpusInputError, build_corpus, local_source
 from hitoban.training.data.filters import FilterSettings
 from hitoban.training.data.workers import (
     FIRST_WINDOW_PER_WORKER,
@@ -25,6 +26,7 @@ from hitoban.training.data.workers import (
     _context,
     default_workers,
     examiners,
+    prepare,
     threads_of_this_process,
 )
 
@@ -83,7 +85,7 @@ def test_examined_keeps_the_order_and_stops_reading_when_asked():
     firsts = []
     with examiners(settings, workers=2) as started:
         for found in started.examined(source()):
-            firsts.append(found.pieces[0][0])
+            firsts.append(json.loads(found.encoded[0]))
             if len(firsts) == 10:
                 break
     assert firsts == documents[:10]
@@ -102,7 +104,7 @@ def test_examined_keeps_every_document_in_order_across_the_window_boundaries():
         @hypothesis.given(st.integers(0, edge + 3), st.integers(0, edge + 3), st.integers(0, 10**6))
         def check(count, stop, seed):
             documents = [f"{'あ' * ((i * 7 + seed) % 11 + 6)}文書{i}。" for i in range(count)]  # Japanese enough
-            found = [f.pieces[0][0] for f in itertools.islice(started.examined(documents), stop)]
+            found = [json.loads(f.encoded[0]) for f in itertools.islice(started.examined(documents), stop)]
             assert found == documents[:stop]
 
         check()
@@ -250,3 +252,36 @@ def test_the_tokenizer_and_shards_are_the_same_for_any_number_of_threads(corpus,
     assert files[1] == files[2] and any(name.endswith(".bin") for name in files[1])
     assert "tok/sentencepiece.model" in files[1]
     assert threads[2] > threads[1]
+
+
+@pytest.mark.parametrize("bad", [0, 2 * FIRST_WINDOW_PER_WORKER, 2 * (FIRST_WINDOW_PER_WORKER + WINDOW_PER_WORKER)])
+def test_a_file_that_cannot_be_read_fails_every_build_in_one_line_whichever_process_reads_it(corpus, tmp_path, bad):
+    """A whole-file document is read by the process that examines it (`corpus.WholeFile`): this process for the
+    first window, a worker for the next, or a later window. Each way the build stops with the one-process error (the
+    file and the byte), and leaves no corpus."""
+    works = sorted((corpus / "literature").glob("0*.txt"))
+    folder = tmp_path / "works"
+    folder.mkdir()
+    for i in range(bad + 20):  # enough files past the bad one to fill the windows it sits in
+        text = works[i % len(works)].read_text(encoding="utf-8") + f"\n写し{i}。"
+        (folder / f"{i:04d}.txt").write_bytes(text.encode("utf-8") + (b"\xff\xfe" if i == bad else b""))
+    errors = {}
+    for workers in (1, 2):
+        with pytest.raises(CorpusInputError) as raised:
+            build_corpus([local_source([str(folder)], doc_per_file=True)], tmp_path / f"w{workers}",
+                         progress=False, workers=workers)
+        errors[workers] = str(raised.value)
+        assert not (tmp_path / f"w{workers}").exists()
+    assert errors[2] == errors[1] and f"{bad:04d}.txt" in errors[1] and "\n" not in errors[1]
+
+
+def test_a_workers_result_carries_each_text_once(corpus):
+    """What crosses from a worker to the writer: each kept piece once (encoded as written), not as examined, masked
+    and encoded (a result of a 151,000-character work pickled three copies of it)."""
+    text = sorted((corpus / "literature").glob("0*.txt"))[0].read_text(encoding="utf-8")
+    for masking in (None, (b"salt" * 4,)):
+        found = prepare(text, FilterSettings(max_chars=8_000), masking)
+        assert len(found.pieces) > 1  # split: several pieces
+        shipped = pickle.dumps(found)
+        for piece in map(json.loads, found.encoded):
+            assert shipped.count(piece[100:160].encode("utf-8")) == 1
