@@ -41,16 +41,26 @@ def out_of_range(value, limits) -> str | None:
     return None
 
 
-def check_ranges(options) -> None:
+def check_ranges(options, spelled=None) -> None:
     """Every field within its declared range, or a UsageError naming the option as the command line spells it (the
-    library's callers get the same check as the command line's)."""
+    library's callers get the same check as the command line's), or as `spelled(field)` names it."""
     for f in dataclasses.fields(options):
-        value = getattr(options, f.name)
-        if value is None or isinstance(value, bool) or not isinstance(value, int | float):
-            continue
-        if (broken := out_of_range(value, f.metadata)) is not None:
-            name = f.name if f.metadata.get("positional") else _flag(f)
-            raise UsageError(f"{name} {value:g}: {broken}")
+        _check(f, getattr(options, f.name), spelled)
+
+
+def check_values(cls: type, **values) -> None:
+    """`values` of `cls`'s fields within their declared ranges: for a library function that takes an option's
+    value as an argument rather than in `cls` (the same check, the same message as the command line's)."""
+    for name, value in values.items():
+        _check(cls.__dataclass_fields__[name], value)
+
+
+def _check(f: dataclasses.Field, value, spelled=None) -> None:
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return
+    if (broken := out_of_range(value, f.metadata)) is not None:
+        name = spelled(f) if spelled else f.name if f.metadata.get("positional") else _flag(f)
+        raise UsageError(f"{name} {value:g}: {broken}")
 
 
 class Checked:
@@ -58,6 +68,15 @@ class Checked:
 
     def __post_init__(self) -> None:
         check_ranges(self)
+
+
+class CheckedSettings:
+    """A component's settings (the filters', an adapter's) whose ranges are checked as soon as they are made, for
+    callers of the library who make them directly; the verbs' options copy these fields (`same_as`), ranges
+    included, so both say the same. A broken value is named as the caller wrote it: `FilterSettings(max_chars=0)`."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self, lambda f: f"{type(self).__name__}({f.name}=...)")
 
 
 def parse_count(text: str) -> int:

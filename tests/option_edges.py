@@ -50,3 +50,25 @@ def in_range(f: dataclasses.Field, top: float = 1e7) -> st.SearchStrategy:
     edges = [math.nextafter(low, high) if "above" in meta else low,
              math.nextafter(high, low) if "below" in meta else high]
     return st.one_of(st.sampled_from(edges), inside)
+
+
+def outside(f: dataclasses.Field) -> st.SearchStrategy:
+    """Values a field's declared range refuses, on every side it has, its edges among them (min 1 refuses 0 and
+    0.999...; above 0 refuses 0 itself): integers for an int field, floats otherwise."""
+    meta, sides = f.metadata, []
+    whole = "int" in str(f.type) and "float" not in str(f.type)
+    if "min" in meta or "above" in meta:
+        edge = meta.get("min", meta.get("above"))
+        last = edge - 1 if whole and "min" in meta else edge  # the nearest refused value below
+        if not whole and "min" in meta:
+            last = math.nextafter(edge, -math.inf)
+        sides.append(st.just(last))
+        sides.append(st.integers(-10**9, int(last)) if whole else st.floats(-1e9, last))
+    if "max" in meta or "below" in meta:
+        edge = meta.get("max", meta.get("below"))
+        first = edge + 1 if whole and "max" in meta else edge
+        if not whole and "max" in meta:
+            first = math.nextafter(edge, math.inf)
+        sides.append(st.just(first))
+        sides.append(st.integers(int(first), 10**9) if whole else st.floats(first, 1e9))
+    return st.one_of(sides)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from hitoban.errors import InputError
 from hitoban.files import read_text
+from hitoban.options import CheckedSettings, option
 
 LINE_FORMAT = re.compile(r"<\|user\|>(.*?)<\|assistant\|>(.*?)<\|end\|>", re.DOTALL)
 
@@ -30,14 +31,17 @@ class ChatDataError(InputError):
 
 
 @dataclass
-class ChatFilterSettings:
-    max_user_chars: int = 100
-    min_assistant_chars: int = 4
-    max_assistant_chars: int = 300
+class ChatFilterSettings(CheckedSettings):
+    """3LM's chat filters; the ranges are checked when made (the fine-tuning verbs copy them: `same_as`)."""
+
+    max_user_chars: int = option(100, "longer user turns are dropped (3LM)", min=1)
+    min_assistant_chars: int = option(4, "shorter replies are dropped (3LM)", min=0)
+    max_assistant_chars: int = option(300, "longer replies are dropped (3LM)", min=1)
     dedup: bool = True
     broken_translation: bool = True
-    exclude_window: int = 40
-    min_char_freq: int = 10  # 1 disables (3LM used 1 for the tone data)
+    exclude_window: int = option(40, "a pair sharing a window this long with a held-out chat is dropped", min=1)
+    min_char_freq: int = option(10, "drop chats with a character rarer than this in the data (3LM: broken text)",
+                                min=1)  # 1 disables (3LM used 1 for the tone data)
 
 
 def normalise(text: str) -> str:

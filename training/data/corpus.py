@@ -28,9 +28,18 @@ from tqdm.auto import tqdm
 
 from hitoban.errors import InputError, OutputExistsError
 from hitoban.files import check_fields, decode_error, read_json, read_text, require_file
+from hitoban.options import check_values
 from hitoban.provenance import hitoban_version
 from hitoban.training.data.filters import REASONS, DocumentFilter, FilterSettings, PIIMasker
-from hitoban.training.data.options import DECODE_ERRORS, ENCODING, HUB_SOURCE_NAMES, LOCAL_LICENSE, SEED, TEXT_FIELD
+from hitoban.training.data.options import (
+    DECODE_ERRORS,
+    ENCODING,
+    HUB_SOURCE_NAMES,
+    LOCAL_LICENSE,
+    SEED,
+    TEXT_FIELD,
+    CorpusOptions,
+)
 from hitoban.training.data.workers import Examiners, examiners
 
 # Pinned revisions (3LM's): a rebuilt corpus is the same corpus.
@@ -236,6 +245,7 @@ def build_corpus(
 ) -> dict:
     """Stream every source through the filters and the PII masker into `out`; returns the manifest. `workers`
     processes run the per-document filters (training/data/workers.py); the output is the same for any number."""
+    check_values(CorpusOptions, target_chars=target_chars, seed=seed, workers=workers)  # the command line's ranges
     started = time.time()
     out = Path(out)
     if out.exists():

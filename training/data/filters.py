@@ -22,6 +22,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
+from hitoban.options import CheckedSettings, option
+
 BAD_PAGE = re.compile(
     r"18歳未満|アダルトサイト|出会い系|(404|403)\s*(Not Found|Forbidden)|お探しのページは(見つかりません|移動)"
 )
@@ -46,22 +48,27 @@ SENTENCE_END = re.compile(r"[。！？!?]+[」』）)】〕\"']*\s*|\n")
 
 
 @dataclass
-class FilterSettings:
-    """Each filter can be turned off or retuned; defaults are 3LM's."""
+class FilterSettings(CheckedSettings):
+    """Each filter can be turned off or retuned; defaults are 3LM's. The ranges are checked when made (a negative
+    max_chars had split a long document for ever; a prefix of 0 characters made every document a duplicate)."""
 
     bad_pages: bool = True
     boilerplate: bool = True
-    min_chars: int = 200
-    max_chars: int = 20_000
-    min_japanese_ratio: float = 0.70
-    repeat_window: int = 20
-    repeat_limit: int = 4
-    dedup_prefix_chars: int = 200
-    near_dup_threshold: float | None = 0.85  # MinHash-LSH Jaccard threshold; None turns near-dup off
+    min_chars: int = option(200, "shorter documents are rejected (3LM)", min=0)
+    max_chars: int = option(20_000, "the longest document: a longer one is split at sentence ends into pieces that "
+                                    "each pass the filters (or cut: --long-docs)", min=1)
+    min_japanese_ratio: float = option(0.70, "documents with a smaller share of Japanese characters are rejected "
+                                             "(3LM)", min=0, max=1)
+    repeat_window: int = option(20, "the repetition filter's window, in characters", min=1)
+    repeat_limit: int = option(4, "a window seen this many times makes a document repetitive (0 turns it off)", min=0)
+    dedup_prefix_chars: int = option(200, "exact duplicates: documents whose first characters match", min=1)
+    near_dup_threshold: float | None = option(0.85, "MinHash-LSH Jaccard threshold for near-duplicates (0 turns it "
+                                                    "off)", min=0, max=1)  # None turns it off too
     keep_newlines: bool = False  # 3LM joins kept lines with spaces; keep them for prose that needs line breaks
     long_docs: str = "split"  # over max_chars: "split" at sentence ends, or "truncate" (3LM)
 
     def __post_init__(self):
+        super().__post_init__()
         if self.long_docs not in LONG_DOCS:
             raise ValueError(f"long_docs={self.long_docs!r}: choose one of {LONG_DOCS}")
 

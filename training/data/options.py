@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hitoban.options import Checked, option
+from hitoban.options import Checked, option, same_as
 from hitoban.training.data.filters import LONG_DOCS, FilterSettings
 from hitoban.training.data.workers import default_workers
 
@@ -54,16 +54,13 @@ class CorpusOptions(Checked):
     target_chars: float | None = option(None, "stop after this many characters (default: everything)", min=1)
     share: list[str] = option(help="share of the target per source (default aozora=0.10 when mixed, the rest split "
                                    "evenly)", factory=list, repeat=True, metavar="NAME=FRACTION")
-    min_chars: int = option(_FILTERS.min_chars, "shorter documents are rejected (3LM)", min=0)
-    max_chars: int = option(_FILTERS.max_chars, "the longest document: a longer one is split at sentence ends into "
-                                                "pieces that each pass the filters (or cut: --long-docs)", min=1)
+    min_chars: int = same_as(FilterSettings, "min_chars")
+    max_chars: int = same_as(FilterSettings, "max_chars")
     long_docs: str = option(_FILTERS.long_docs, "documents over --max-chars: split (keep them whole, in pieces) or "
                                                 "truncate (keep the first --max-chars, 3LM's rule for web pages)",
                             choices=LONG_DOCS)
-    min_ja_ratio: float = option(_FILTERS.min_japanese_ratio, "documents with a smaller share of Japanese characters "
-                                                              "are rejected (3LM)", min=0, max=1)
-    near_dup: float = option(_FILTERS.near_dup_threshold, "MinHash-LSH Jaccard threshold for near-duplicates (0 turns "
-                                                           "it off)", min=0, max=1)
+    min_ja_ratio: float = same_as(FilterSettings, "min_japanese_ratio")
+    near_dup: float = same_as(FilterSettings, "near_dup_threshold")
     keep_newlines: bool = option(_FILTERS.keep_newlines, "keep line breaks (3LM joins lines with spaces)")
     mask_pii: bool = option(True, "do not mask e-mails / phone numbers (not advised)", flag="--no-pii-mask")
     seed: int = option(SEED, "seed for sampling Hub sources", min=0)

@@ -35,10 +35,19 @@ from tqdm.auto import tqdm
 
 from hitoban.errors import InputError, OutputExistsError
 from hitoban.files import TOKENIZER_FILES, check_fields, check_tokenizer_files, read_json
+from hitoban.options import check_values
 from hitoban.provenance import sha256_file
 from hitoban.training.data.corpus import iter_corpus, load_manifest
 from hitoban.training.data.markers import SPECIAL_TOKENS, require_markers
-from hitoban.training.data.options import CONTEXT, DTYPES, MAX_HELDOUT_DOCS, SEED, SHARD_TOKENS, VAL_EVERY
+from hitoban.training.data.options import (
+    CONTEXT,
+    DTYPES,
+    MAX_HELDOUT_DOCS,
+    SEED,
+    SHARD_TOKENS,
+    VAL_EVERY,
+    ShardsOptions,
+)
 from hitoban.training.data.workers import encoding_threads
 
 FORMAT = "hitoban-shards/1 (zxell layout)"
@@ -233,6 +242,8 @@ def build_shards(
 ) -> dict:
     """Corpus folder + tokenizer folder -> verified shard folder `out` (temp dir + rename). Returns the index.
     `workers`: the encoder's threads (default: every core); the shards are the same for any number."""
+    check_values(ShardsOptions, shard_tokens=shard_tokens, seed=seed, val_every=val_every,
+                 max_heldout_docs=max_heldout_docs, context=context, workers=workers)  # the command line's ranges
     if workers:
         encoding_threads(workers)
     started = time.time()

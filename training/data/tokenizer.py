@@ -25,11 +25,12 @@ from sentencepiece import sentencepiece_model_pb2
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from hitoban.errors import InputError, OutputExistsError, UsageError
+from hitoban.errors import InputError, OutputExistsError
 from hitoban.modeling.loading import check_tokenizer_folder
+from hitoban.options import check_values
 from hitoban.training.data.corpus import iter_corpus, load_manifest
 from hitoban.training.data.markers import ASSISTANT, END, MARKERS, SPECIAL_TOKENS, UNK, USER, require_markers  # noqa: F401  (re-exported)
-from hitoban.training.data.options import CONTEXT, MIN_VOCAB, SAMPLE_CHARS, SEED, VOCAB_SIZE
+from hitoban.training.data.options import CONTEXT, MIN_VOCAB, SAMPLE_CHARS, SEED, VOCAB_SIZE, TokenizerOptions
 from hitoban.training.data.workers import encoding_threads
 
 # SentencePiece's unigram trainer splits its work into one part per thread, and the pieces it ends with depend on
@@ -285,8 +286,8 @@ def train_tokenizer_from_corpus(
     """Train on a `hitoban corpus` folder: a strided sample within `max_chars` (huge corpora are never read whole),
     every `heldout_every`-th sampled document kept out and used to report chars/token. `workers`: the encoder's
     threads (default: every core); SentencePiece's trainer always splits its work TRAINER_THREADS ways."""
-    if max_chars < 1:  # the command line refuses it too (TokenizerOptions): a caller of the library gets one line
-        raise UsageError(f"max_chars {max_chars}: the training sample needs at least 1 character")
+    check_values(TokenizerOptions, vocab_size=vocab_size, max_chars=max_chars, seed=seed, context=model_max_length,
+                 workers=workers)  # the command line's ranges, for a caller of the library too
     if workers:
         encoding_threads(workers)
     manifest = load_manifest(corpus)

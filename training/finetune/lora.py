@@ -11,16 +11,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hitoban.errors import UsageError
+from hitoban.options import CheckedSettings, option
 
 HITOBAN_TARGETS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # every Linear in a decoder layer
 LLAMA_ONLY_NAMES = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}
 
 
 @dataclass
-class LoraSettings:
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.05
+class LoraSettings(CheckedSettings):
+    """A LoRA adapter's shape; the ranges are checked when made (the fine-tuning verbs copy them: `same_as`)."""
+
+    r: int = option(16, "adapter rank", min=1)
+    alpha: int = option(32, "scaling numerator (alpha / r)", min=1)
+    dropout: float = option(0.05, "dropout on the adapter's input", min=0, below=1)
     targets: tuple[str, ...] = HITOBAN_TARGETS
 
 

@@ -15,7 +15,7 @@ from hitoban.training.device import DeviceOptions
 from hitoban.training.finetune.lora import LoraSettings
 from hitoban.training.trackers import REPORT_TO_HELP, parse_report_to
 
-_FILTERS, _LORA = ChatFilterSettings(), LoraSettings()
+_LORA = LoraSettings()
 
 
 @dataclass(kw_only=True)
@@ -38,17 +38,16 @@ class FinetuneOptions(Checked):
     eval_steps: int = option(200, "validate (and keep the best checkpoint) every N steps", min=1)
     exclude: list[str] = option(help="drop pairs matching, or sharing a 40-char window with, these held-out chats",
                                 factory=list, nargs="*", metavar="HOLDOUT")
-    min_char_freq: int = option(_FILTERS.min_char_freq, "drop chats with a character rarer than this in the data "
-                                                        "(3LM: broken text)", min=1)
-    max_user_chars: int = option(_FILTERS.max_user_chars, "longer user turns are dropped (3LM)", min=1)
-    max_assistant_chars: int = option(_FILTERS.max_assistant_chars, "longer replies are dropped (3LM)", min=1)
+    min_char_freq: int = same_as(ChatFilterSettings, "min_char_freq")
+    max_user_chars: int = same_as(ChatFilterSettings, "max_user_chars")
+    max_assistant_chars: int = same_as(ChatFilterSettings, "max_assistant_chars")
     skip_bad: bool = option(False, "skip malformed lines (counted) instead of stopping")
     seed: int = option(1234, "split, shuffling and initialisation of new weights", min=0)
     lora: bool = option(False, "train a PEFT LoRA adapter instead of every weight; --out becomes the adapter folder "
                                "(AutoPeftModelForCausalLM)")
-    lora_r: int = option(_LORA.r, "--lora: adapter rank", min=1)
-    lora_alpha: int = option(_LORA.alpha, "--lora: scaling numerator (alpha / r)", min=1)
-    lora_dropout: float = option(_LORA.dropout, "--lora: dropout on the adapter's input", min=0, below=1)
+    lora_r: int = same_as(LoraSettings, "r", help="--lora: adapter rank")
+    lora_alpha: int = same_as(LoraSettings, "alpha", help="--lora: scaling numerator (alpha / r)")
+    lora_dropout: float = same_as(LoraSettings, "dropout", help="--lora: dropout on the adapter's input")
     lora_targets: str = option(",".join(_LORA.targets), "--lora: module names (hitoban fuses q/k/v into qkv_proj, "
                                                         "gate/up into gate_up_proj)")
     merge: bool = option(False, "--lora: write the merged model to --out and the adapter to --out/adapter")

@@ -150,14 +150,3 @@ def test_every_value_the_tokenizer_verb_accepts_trains_or_is_refused_in_one_line
                                                                                  tmp_path_factory, capsys):
     run_with("tokenizer", TokenizerOptions, ["--corpus", str(small_corpus), "--workers", "1"], values,
              tmp_path_factory.mktemp("tok") / "out", capsys)
-
-
-@pytest.mark.parametrize("max_chars", [0, 0.5, -3])
-def test_the_tokenizer_library_refuses_a_sample_of_no_characters(tmp_path, max_chars):
-    """`--max-chars 0.5` was accepted (above 0), became 0 and divided by zero; the command line now refuses it
-    (at least 1, above) and so does the library, before reading anything."""
-    from hitoban.errors import UsageError
-
-    with pytest.raises(UsageError, match=f"max_chars {max_chars}: "):
-        tokenizer.train_tokenizer_from_corpus(tmp_path / "no-corpus", tmp_path / "out", max_chars=max_chars)
-    assert not (tmp_path / "out").exists()
