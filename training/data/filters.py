@@ -153,7 +153,8 @@ class Examined:
     long: int = 0
     truncated: int = 0
     split_pieces: int = 0
-    masked: list | None = None  # per piece, when masked where it was examined: (text, counts, sealed values)
+    masked: list | None = None  # per piece, when masked where it was examined: (text or None once shipped, counts,
+    #                             sealed values)
     encoded: list | None = None  # per piece, the text as written (masked where masked): a JSON string, UTF-8
     written: list | None = None  # per piece, the characters written (of the masked text where masked)
 
