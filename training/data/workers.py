@@ -21,7 +21,7 @@ from hitoban.training.data.filters import Examined, encode_pieces, examine, mask
 WINDOW_PER_WORKER = 64  # documents handed to each worker per window: large enough to amortise the pickling
 # of a window, the chunks each worker takes: each chunk's results cross to the writer in one message, and 4 (16
 # documents a chunk) built the literature in 2.12 s against 2.49 s with 16 (4 a chunk), medians of 6 alternating
-# rounds; 2 took 2.35 s (a long work's chunk then left the other worker idle at the end)
+# rounds; 2 took 2.35 s (larger chunks leave more of the last window to one worker: a guess, not measured)
 CHUNKS_PER_WORKER = 4
 FIRST_WINDOW_PER_WORKER = 4  # the first window: this process examines it itself while the workers take the next two
 _SETTINGS = None  # a worker's FilterSettings and masking, set once by its initializer
