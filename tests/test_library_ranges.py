@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import time
 from contextlib import contextmanager
 
 import hypothesis
@@ -82,17 +83,21 @@ def test_a_setting_outside_its_range_is_refused_where_it_is_made(broken):
 
 @contextmanager
 def within(seconds: float):
-    """A hang fails the test instead of the suite (SIGALRM: Linux and macOS)."""
+    """A hang fails the test instead of the suite (SIGALRM: Linux and macOS). pytest-timeout's own alarm, where one
+    is set, is put back with the time it has left."""
     def stop(*_):
         raise TimeoutError(f"still running after {seconds} s")
 
     before = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    started = time.monotonic()
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, before)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 1e-3))
 
 
 SENTENCES = ["吾輩は猫である。", "名前はまだ無い。", "どこで生れたかとんと見当がつかぬ。", "Python 3.11 で動く。",
@@ -134,3 +139,18 @@ def test_a_data_library_function_refuses_what_its_verb_refuses_before_writing(br
     flag = "--" + field.name.replace("_", "-")
     assert str(refused.value).startswith(f"{flag} {value:g}: must be") and "\n" not in str(refused.value)
     assert list(tmp.iterdir()) == []
+
+
+def test_the_alarm_puts_back_an_outer_alarm_with_the_time_it_has_left():
+    """`within` must not cancel pytest-timeout's alarm for the rest of a test."""
+    fired = []
+    before = signal.signal(signal.SIGALRM, lambda *_: fired.append(True))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 30)
+        with within(5):
+            pass
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 25 < left <= 30 and not fired
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
