@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
+from collections.abc import Callable
 from dataclasses import field
 
 from hitoban.errors import UsageError
@@ -41,7 +42,7 @@ def out_of_range(value, limits) -> str | None:
     return None
 
 
-def check_ranges(options, spelled=None) -> None:
+def check_ranges(options, spelled: Callable[[dataclasses.Field], str] | None = None) -> None:
     """Every field within its declared range, or a UsageError naming the option as the command line spells it (the
     library's callers get the same check as the command line's), or as `spelled(field)` names it."""
     for f in dataclasses.fields(options):
@@ -55,7 +56,7 @@ def check_values(cls: type, **values) -> None:
         _check(cls.__dataclass_fields__[name], value)
 
 
-def _check(f: dataclasses.Field, value, spelled=None) -> None:
+def _check(f: dataclasses.Field, value, spelled: Callable[[dataclasses.Field], str] | None = None) -> None:
     if value is None or isinstance(value, bool) or not isinstance(value, int | float):
         return
     if (broken := out_of_range(value, f.metadata)) is not None:
