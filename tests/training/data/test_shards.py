@@ -255,3 +255,17 @@ def test_a_tokenizer_without_the_markers_is_refused_before_encoding(pipeline, tm
     with pytest.raises(InputError, match="no single token for <\\|end\\|>"):
         load_encoder(tmp_path / "tok")
     load_encoder(root / "tok")  # control: the untouched folder loads
+
+
+@pytest.mark.parametrize("batch_docs", [1, 7])
+def test_the_shards_are_the_same_for_any_batch_and_with_the_encoding_overlapped(pipeline, tmp_path, batch_docs):
+    """With more than one encoder thread the next batch encodes while this thread writes the last one: each batch's
+    encodings must still meet their own documents, in order. Small batches (several per split, a held-out document
+    in many) against the pipeline's one batch of 1,000, with 1 thread (in series) and 2 (overlapped)."""
+    root, index = pipeline
+    expected = {p.name: p.read_bytes() for p in (root / "shards").iterdir() if p.suffix in (".bin", ".u8")}
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}"
+        build_shards(root / "corpus", root / "tok", out, shard_tokens=150_000, val_every=10, max_heldout_docs=20,
+                     context=128, progress=False, batch_docs=batch_docs, workers=workers)
+        assert {p.name: p.read_bytes() for p in out.iterdir() if p.suffix in (".bin", ".u8")} == expected, workers
