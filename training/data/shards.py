@@ -25,7 +25,6 @@ import os
 import shutil
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -49,7 +48,7 @@ from hitoban.training.data.options import (
     VAL_EVERY,
     ShardsOptions,
 )
-from hitoban.training.data.workers import default_workers, encoding_threads
+from hitoban.training.data.workers import encoding_threads
 
 FORMAT = "hitoban-shards/1 (zxell layout)"
 # copied beside TOKENIZER_FILES into shards/tokenizer/
@@ -174,55 +173,38 @@ def load_encoder(folder: Path) -> Tokenizer:
 
 
 def _split_documents(corpus: Path, tok, heldout: HeldoutRule, writers: dict, domains: list[str], np_dtype,
-                     scratch_path: Path, batch_docs: int, bar, overlap: bool = False) -> _TrainScratch:
+                     scratch_path: Path, batch_docs: int, bar) -> _TrainScratch:
     """Pass 1: tokenize every document (markers inside the text removed, one <|end|> appended) and send it to its
-    held-out writer (`heldout` decides, in order) or to the train scratch file. With `overlap`, each batch is
-    encoded (tokenizers' threads, which release the interpreter) while this thread reads the next and writes the one
-    before: its reading and writing were 8% of the pass, in series with the encoder."""
+    held-out writer (`heldout` decides, in order) or to the train scratch file."""
+    end_id = tok.token_to_id("<|end|>")
+    special_ids = np.array([tok.token_to_id(t) for t in SPECIAL_TOKENS])
     scratch = _TrainScratch(scratch_path)
     records = iter_corpus(corpus)
-    batches = iter(lambda: [r for _, r in zip(range(batch_docs), records)], [])
-    with open(scratch_path, "wb") as out, ThreadPoolExecutor(1) as encoder:
-        previous = None
-        for batch in batches:
-            encoding = encoder.submit(tok.encode_batch, [r["text"] for r in batch], add_special_tokens=False)
-            if not overlap:
-                encoding.result()  # in series: one thread at work at a time
-            if previous is not None:
-                _send(tok, previous[0], previous[1].result(), heldout, writers, domains, np_dtype, scratch, out)
-                bar.update(len(previous[0]))
-            previous = (batch, encoding)
-        if previous is not None:
-            _send(tok, previous[0], previous[1].result(), heldout, writers, domains, np_dtype, scratch, out)
-            bar.update(len(previous[0]))
+    with open(scratch_path, "wb") as out:
+        while batch := [r for _, r in zip(range(batch_docs), records)]:
+            encodings = tok.encode_batch([r["text"] for r in batch], add_special_tokens=False)
+            for record, encoding in zip(batch, encodings):
+                ids = np.asarray(encoding.ids, dtype=np.int64)
+                inside = np.isin(ids, special_ids)
+                if inside.any():  # literal "<|end|>" etc. in the text must not fake a document boundary
+                    scratch.markers_removed += int(inside.sum())
+                    ids = ids[~inside]
+                ids = np.append(ids, end_id)
+                domain = domains.index(record["source"])
+                split = heldout.split_of(record["source"])
+                if split:
+                    writers[split].add(ids, domain)
+                    scratch.heldout_keys.add(_text_key(record["text"]))
+                else:
+                    out.write(ids.astype(np_dtype).tobytes())
+                    scratch.offsets.append(scratch.offsets[-1] + len(ids))
+                    scratch.domains.append(domain)
+                    scratch.keys.append(_text_key(record["text"]))
+            bar.update(len(batch))
     bar.close()
     for writer in writers.values():
         writer.close_shard()
     return scratch
-
-
-def _send(tok, batch: list[dict], encodings, heldout: HeldoutRule, writers: dict, domains: list[str], np_dtype,
-          scratch: _TrainScratch, out) -> None:
-    """One encoded batch, in order, to the held-out writers or the train scratch file."""
-    end_id = tok.token_to_id("<|end|>")
-    special_ids = np.array([tok.token_to_id(t) for t in SPECIAL_TOKENS])
-    for record, encoding in zip(batch, encodings):
-        ids = np.asarray(encoding.ids, dtype=np.int64)
-        inside = np.isin(ids, special_ids)
-        if inside.any():  # literal "<|end|>" etc. in the text must not fake a document boundary
-            scratch.markers_removed += int(inside.sum())
-            ids = ids[~inside]
-        ids = np.append(ids, end_id)
-        domain = domains.index(record["source"])
-        split = heldout.split_of(record["source"])
-        if split:
-            writers[split].add(ids, domain)
-            scratch.heldout_keys.add(_text_key(record["text"]))
-        else:
-            out.write(ids.astype(np_dtype).tobytes())
-            scratch.offsets.append(scratch.offsets[-1] + len(ids))
-            scratch.domains.append(domain)
-            scratch.keys.append(_text_key(record["text"]))
 
 
 def _write_shuffled_train(scratch: _TrainScratch, tmp: Path, np_dtype, shard_tokens: int, domains: list[str],
@@ -259,8 +241,7 @@ def build_shards(
     workers: int | None = None,
 ) -> dict:
     """Corpus folder + tokenizer folder -> verified shard folder `out` (temp dir + rename). Returns the index.
-    `workers`: the encoder's threads (default: every core; with more than one, reading and writing overlap the
-    encoding); the shards are the same for any number."""
+    `workers`: the encoder's threads (default: every core); the shards are the same for any number."""
     check_values(ShardsOptions, shard_tokens=shard_tokens, seed=seed, val_every=val_every,
                  max_heldout_docs=max_heldout_docs, context=context, workers=workers)  # the command line's ranges
     if workers:
@@ -284,8 +265,7 @@ def build_shards(
         writers = {s: _ShardWriter(tmp, s, np_dtype, shard_tokens, domains) for s in ("val", "test")}
         scratch = _split_documents(corpus, tok, heldout, writers, domains, np_dtype, tmp / "train.scratch",
                                    batch_docs, bar=tqdm(total=manifest["total_documents"], unit="doc", desc="shards",
-                                                        disable=not progress or None),
-                                   overlap=(workers or default_workers()) > 1)
+                                                        disable=not progress or None))
         train_writer, dropped_overlap = _write_shuffled_train(scratch, tmp, np_dtype, shard_tokens, domains, seed,
                                                               progress)
         markers_removed = scratch.markers_removed
