@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import signal
-import time
-from contextlib import contextmanager
 
+import alarm
 import hypothesis
 import pytest
 from hypothesis import strategies as st
@@ -81,23 +80,6 @@ def test_a_setting_outside_its_range_is_refused_where_it_is_made(broken):
     assert str(refused.value).startswith(f"{cls.__name__}({name}=...) {value:g}: must be")
 
 
-@contextmanager
-def within(seconds: float):
-    """A hang fails the test instead of the suite (SIGALRM: Linux and macOS). pytest-timeout's own alarm, where one
-    is set, is put back with the time it has left."""
-    def stop(*_):
-        raise TimeoutError(f"still running after {seconds} s")
-
-    before = signal.signal(signal.SIGALRM, stop)
-    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
-    started = time.monotonic()
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, before)
-        if outer:
-            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 1e-3))
 
 
 SENTENCES = ["吾輩は猫である。", "名前はまだ無い。", "どこで生れたかとんと見当がつかぬ。", "Python 3.11 で動く。",
@@ -112,7 +94,7 @@ def test_any_filter_settings_inside_their_ranges_filter_any_text(values, texts, 
     """Every character read is accounted for, whatever settings the ranges admit (a negative max_chars had
     looped for ever in the split)."""
     doc_filter = DocumentFilter(FilterSettings(**values, long_docs=long_docs))
-    with within(20):
+    with alarm.deadline(20, "the filters still ran after 20 s"):
         kept = [piece for text in texts for piece in doc_filter.pieces(text)]
     counts = doc_filter.chars
     assert counts["kept"] == sum(map(len, kept))
@@ -141,13 +123,14 @@ def test_a_data_library_function_refuses_what_its_verb_refuses_before_writing(br
     assert list(tmp.iterdir()) == []
 
 
-def test_the_alarm_puts_back_an_outer_alarm_with_the_time_it_has_left():
-    """`within` must not cancel pytest-timeout's alarm for the rest of a test."""
+def test_the_deadline_puts_back_an_outer_alarm_with_the_time_it_has_left():
+    """`alarm.deadline` (this file's hang guard, and each README command's) must not cancel pytest-timeout's alarm
+    for the rest of a test."""
     fired = []
     before = signal.signal(signal.SIGALRM, lambda *_: fired.append(True))
     try:
         signal.setitimer(signal.ITIMER_REAL, 30)
-        with within(5):
+        with alarm.deadline(5, "unused"):
             pass
         left, _ = signal.getitimer(signal.ITIMER_REAL)
         assert 25 < left <= 30 and not fired

@@ -20,13 +20,13 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import alarm
 import pytest
 from conftest import CORPUS, REPO
 
@@ -105,21 +105,14 @@ COMMAND_SECONDS = 300  # each README command's own deadline (on a loaded 2-core 
 
 @contextmanager
 def deadline(seconds: int, what: str):
-    """Fail the command that hangs, by name, instead of the whole README test at its global timeout."""
-    def expire(signum, frame):
-        raise TimeoutError(f"README command took more than {seconds} s: {what}")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)  # pytest-timeout's own timer, re-armed below
+    """Fail the command that hangs, by name, instead of the whole README test at its global timeout; print its
+    cost."""
     started = time.monotonic()
     try:
-        yield
+        with alarm.deadline(seconds, f"README command took more than {seconds} s: {what}"):
+            yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
         print(f"{time.monotonic() - started:7.1f} s  {what[:110]}", file=sys.__stderr__, flush=True)  # the cost
-        if outer:
-            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 0.01))
 
 
 def run_in_process(lang: str, code: str, env) -> None:
