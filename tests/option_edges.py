@@ -36,13 +36,18 @@ def ranged(f: dataclasses.Field) -> bool:
     return bool(set(f.metadata) & {"min", "max", "above", "below"})
 
 
+def whole_number(f: dataclasses.Field) -> bool:
+    """Whether a field holds integers (its annotation, a string under `from __future__ import annotations`)."""
+    return "int" in str(f.type) and "float" not in str(f.type)
+
+
 def in_range(f: dataclasses.Field, top: float = 1e7) -> st.SearchStrategy:
     """Values a field's declared range admits, its edges among them (an open edge's nearest value inside; up to
     `top` where it has none above): integers for an int field, floats otherwise."""
     meta = f.metadata
     low = meta.get("min", meta.get("above", 0))
     high = meta.get("max", meta.get("below", top))
-    if "int" in str(f.type) and "float" not in str(f.type):
+    if whole_number(f):
         edges = [int(low) + ("above" in meta), int(high) - ("below" in meta)]
         return st.one_of(st.sampled_from(edges), st.integers(edges[0], edges[1]))
     inside = st.floats(low, high, exclude_min="above" in meta, exclude_max="below" in meta)
@@ -56,7 +61,7 @@ def outside(f: dataclasses.Field) -> st.SearchStrategy:
     """Values a field's declared range refuses, on every side it has, its edges among them (min 1 refuses 0 and
     0.999...; above 0 refuses 0 itself): integers for an int field, floats otherwise."""
     meta, sides = f.metadata, []
-    whole = "int" in str(f.type) and "float" not in str(f.type)
+    whole = whole_number(f)
     if "min" in meta or "above" in meta:
         edge = meta.get("min", meta.get("above"))
         last = edge - 1 if whole and "min" in meta else edge  # the nearest refused value below
