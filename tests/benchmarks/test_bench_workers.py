@@ -59,3 +59,31 @@ def test_control_best_over_best_is_not_the_paired_speed_up(bench_workers):
     runs = {1: {"runs": [3.6, 3.6, 2.9]}, 2: {"runs": [2.0, 2.0, 2.42]}}
     assert bench_workers.paired_speedup(runs, 2) == pytest.approx(1.8)
     assert min(runs[1]["runs"]) / min(runs[2]["runs"]) == pytest.approx(1.45)
+
+
+@given(st.integers(2, 8), st.lists(st.tuples(st.floats(0.1, 20), st.floats(0.1, 40)), min_size=1, max_size=9))
+def test_the_machine_ceiling_is_n_times_one_alone_over_n_at_once(bench_workers, workers, rounds):
+    """N one-worker runs at once doing N times one run's work in `together` seconds: N x alone / together, the
+    median over rounds, each round's two runs paired."""
+    runs = {1: {"runs": [alone for alone, _ in rounds]}, "together": {"runs": [together for _, together in rounds]}}
+    ratios = sorted(workers * alone / together for alone, together in rounds)
+    middle = len(ratios) // 2
+    expected = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+    assert bench_workers.machine_ceiling(runs, workers) == pytest.approx(expected)
+
+
+def test_runs_together_start_at_once_and_wait_for_the_last(bench_workers):
+    """Three commands that each sleep 0.4 s: started at once they take about 0.4 s, not 1.2 s (the ceiling's runs
+    would otherwise be one after another), and no less than 0.4 s (all are waited for)."""
+    import sys
+
+    sleep = [sys.executable, "-c", "import time; time.sleep(0.4)"]
+    seconds = bench_workers.timed_together([sleep, sleep, sleep])
+    assert 0.4 <= seconds < 1.0
+
+
+def test_a_failed_run_among_those_together_stops_the_benchmark(bench_workers):
+    import sys
+
+    with pytest.raises(SystemExit, match="failed"):
+        bench_workers.timed_together([[sys.executable, "-c", "pass"], [sys.executable, "-c", "raise SystemExit(3)"]])
