@@ -25,9 +25,10 @@ import numpy as np
 
 from hitoban.errors import InputError
 from hitoban.evaluation.fonts import use_japanese_font
-from hitoban.evaluation.options import DOMAIN_CHARS
+from hitoban.evaluation.options import DOMAIN_CHARS, EvalOptions
 from hitoban.files import read_text
 from hitoban.modeling.loading import load_model_and_tokenizer
+from hitoban.options import checked_against
 from hitoban.provenance import sha256_file, weights_sha256, write_json
 from hitoban.training.data.reader import ShardReader
 from hitoban.training.data.shards import load_index, tokenizer_sha256
@@ -100,6 +101,7 @@ def read_domain(name: str, path: str | Path) -> str:
     return text
 
 
+@checked_against(EvalOptions, "max_chars")
 def cross_domain(models: list[str | Path], domains: dict[str, str | Path], max_chars: int | None = DOMAIN_CHARS,
                  progress: bool = True, shards: str | Path | None = None, device=None) -> dict:
     """bits/char for every model x domain (3LM truncates each domain to its first 400,000 chars); with `shards`,

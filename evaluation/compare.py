@@ -14,8 +14,9 @@ import torch
 
 from hitoban.evaluation.fonts import use_japanese_font
 from hitoban.evaluation.generation import SAMPLING, reply, sampling_processors
-from hitoban.evaluation.options import COMPARE_NEW_TOKENS, COMPARE_SEED
+from hitoban.evaluation.options import COMPARE_NEW_TOKENS, COMPARE_SEED, CompareOptions
 from hitoban.modeling.loading import load_model_and_tokenizer
+from hitoban.options import checked_against
 from hitoban.provenance import write_json
 
 CHAT_PROMPTS = ["おすすめの本を3つ挙げてください", "短く自己紹介してください", "日本の首都はどこですか", "疲れました"]
@@ -32,6 +33,7 @@ def continue_text(model, tokenizer, prompt: str, settings: dict) -> str:
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 
+@checked_against(CompareOptions, "max_new_tokens", "seed")
 def compare_models(models: list[str | Path], chat: list[str] | None = None, raw: list[str] | None = None,
                    max_new_tokens: int = COMPARE_NEW_TOKENS, seed: int = COMPARE_SEED,
                    device=None) -> dict:

@@ -13,14 +13,16 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from hitoban.evaluation.options import KVCACHE_ATOL, KVCACHE_STEPS
+from hitoban.evaluation.options import KVCACHE_ATOL, KVCACHE_STEPS, KvcacheOptions
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
 from hitoban.modeling.loading import check_model_folder, device_for
+from hitoban.options import checked_against
 
 KVCACHE_CONFIG = dict(vocab_size=512, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
                       max_position_embeddings=64)
 
 
+@checked_against(KvcacheOptions, "steps", "atol")
 @torch.no_grad()
 def check_kvcache(
     model: HitobanForCausalLM | str | Path | None = None,

@@ -21,10 +21,10 @@ from pathlib import Path
 
 from hitoban.demo_data import HELD_OUT_EVERY, prepare_data
 from hitoban.errors import CheckFailed, OutputExistsError, UsageError
-from hitoban.options import argv_for
+from hitoban.options import argv_for, checked_against
 from hitoban.provenance import write_json
 from hitoban.run_folder import RunFolder
-from hitoban.start_options import DEMO_STAGES
+from hitoban.start_options import DEMO_STAGES, DemoOptions
 
 REPO_ID = "your-name/hitoban-demo"
 
@@ -315,6 +315,7 @@ class DemoRun:
         return f"AutoModelForCausalLM (remote code, no hitoban) says: {shown}", text
 
 
+@checked_against(DemoOptions, "seed")
 def run_demo(out: str | os.PathLike = "hitoban-demo", source: list[str] | None = None, quick: bool = False,
              cpu: bool | None = None, seed: int = 0, until: str | None = None, force: bool = False,
              log=print) -> dict:

@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 from hitoban.errors import CheckFailed
-from hitoban.options import argv_for
+from hitoban.options import argv_for, checked_against
 from hitoban.provenance import write_json
 from hitoban.run_folder import RunFolder
-from hitoban.start_options import DEVICE_CHECK_STEPS
+from hitoban.start_options import DEVICE_CHECK_STEPS, DoctorOptions
 
 HELD_OUT = 4  # built-in documents kept out of the corpus, for bits/char
 CONTEXT, BATCH, STEPS = 64, 8, DEVICE_CHECK_STEPS
@@ -216,6 +216,7 @@ def _generation(model, tokenizer):
         f"greedy: {text!r}"), text
 
 
+@checked_against(DoctorOptions, "steps", "seed")
 def run_device_check(out: str | Path = "hitoban-doctor", cpu: bool = False, seed: int = 0, steps: int = STEPS,
                      plant_fault: str | None = None, log=print) -> dict:
     """Run every check; returns the report (also out/doctor.json and out/doctor.md). Raises CheckFailed if any

@@ -16,13 +16,15 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hitoban.errors import CheckFailed
+from hitoban.options import checked_against
 from hitoban.provenance import write_json
-from hitoban.start_options import INSTALL_CHECK_STEPS
+from hitoban.start_options import INSTALL_CHECK_STEPS, DoctorOptions
 from hitoban.training.data.corpus import builtin_documents
 from hitoban.training.data.tokenizer import train_tokenizer_from_texts
 from hitoban.training.tiny import token_stream, train_tiny, windows
 
 
+@checked_against(DoctorOptions, "steps", "seed")
 def run_doctor(out: str | Path, steps: int = INSTALL_CHECK_STEPS, seed: int = 0, vocab_size: int = 1200,
                log=print) -> dict:
     """Run the whole check; returns the report (also written to `out/doctor.json`). Raises if any check fails."""

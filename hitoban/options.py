@@ -3,13 +3,17 @@
 Every verb's options are such a dataclass (`training/pretrain/options.py`, `training/finetune/options.py`, ...);
 its command line is built from it (as `transformers.HfArgumentParser` does, but into the subcommand parsers the CLI
 already has) and the library function takes it, so an option or a default is never written twice, and the kill
-test hands the night's exact options to its runs (`to_argv`).
+test hands the night's exact options to its runs (`to_argv`). A value's range is declared with it too, and held
+wherever a value arrives: options made or changed after (`Checked`), a component's settings (`CheckedSettings`), a
+library function's bare argument (`checked_against`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import inspect
 import typing
 from collections.abc import Callable
 from dataclasses import field
@@ -49,35 +53,70 @@ def check_ranges(options, spelled: Callable[[dataclasses.Field], str] | None = N
         _check(f, getattr(options, f.name), spelled)
 
 
-def check_values(cls: type, **values) -> None:
-    """`values` of `cls`'s fields within their declared ranges: for a library function that takes an option's
-    value as an argument rather than in `cls` (the same check, the same message as the command line's)."""
-    for name, value in values.items():
-        _check(cls.__dataclass_fields__[name], value)
+def checked_against(cls: type, *same: str, **fields: str):
+    """A library function that takes options' values as bare arguments (not in a `cls`) refuses, before it starts,
+    what the command line refuses: each argument named in `same` is checked against `cls`'s field of that name,
+    each of `fields` (argument=field) against the field it names, the value named as the caller wrote it
+    (`run_killtest(kills=...) 0: must be at least 1`). The pairs stay on the function (`checked_arguments`): the
+    verbs' test reads them to find any ranged option a verb hands to a function that would not check it."""
+    pairs = {**{name: name for name in same}, **fields}
+    missing = [name for name in pairs.values() if name not in cls.__dataclass_fields__]
+    if missing:
+        raise TypeError(f"{cls.__name__} has no field {missing}")
+
+    def wrap(function: Callable) -> Callable:
+        signature = inspect.signature(function)
+
+        @functools.wraps(function)
+        def checked(*args, **kwargs):
+            given = signature.bind(*args, **kwargs).arguments
+            for argument, name in pairs.items():
+                if argument in given:
+                    _check(cls.__dataclass_fields__[name], given[argument],
+                           lambda _, argument=argument: f"{function.__name__}({argument}=...)")
+            return function(*args, **kwargs)
+
+        checked.checked_arguments = {argument: cls.__dataclass_fields__[name] for argument, name in pairs.items()}
+        return checked
+
+    return wrap
 
 
 def _check(f: dataclasses.Field, value, spelled: Callable[[dataclasses.Field], str] | None = None) -> None:
     if value is None or isinstance(value, bool) or not isinstance(value, int | float):
         return
     if (broken := out_of_range(value, f.metadata)) is not None:
-        name = spelled(f) if spelled else f.name if f.metadata.get("positional") else _flag(f)
-        raise UsageError(f"{name} {value:g}: {broken}")
+        raise UsageError(f"{(spelled or _command_line_name)(f)} {value:g}: {broken}")
+
+
+def _command_line_name(f: dataclasses.Field) -> str:
+    return f.name if f.metadata.get("positional") else _flag(f)
 
 
 class Checked:
-    """A verb's options whose ranges are checked as soon as they are made."""
+    """A verb's options whose ranges are checked as soon as they are made, and whenever a field is set after (a
+    library caller's `options.steps = 0` is refused as `PretrainConfig(steps=0)` would be)."""
+
+    def _spelled(self, f: dataclasses.Field) -> str:
+        return _command_line_name(f)
 
     def __post_init__(self) -> None:
-        check_ranges(self)
+        check_ranges(self, self._spelled)
+
+    def __setattr__(self, name: str, value) -> None:
+        f = getattr(type(self), "__dataclass_fields__", {}).get(name)
+        if f is not None:
+            _check(f, value, self._spelled)
+        super().__setattr__(name, value)
 
 
-class CheckedSettings:
+class CheckedSettings(Checked):
     """A component's settings (the filters', an adapter's) whose ranges are checked as soon as they are made, for
     callers of the library who make them directly; the verbs' options copy these fields (`same_as`), ranges
     included, so both say the same. A broken value is named as the caller wrote it: `FilterSettings(max_chars=0)`."""
 
-    def __post_init__(self) -> None:
-        check_ranges(self, lambda f: f"{type(self).__name__}({f.name}=...)")
+    def _spelled(self, f: dataclasses.Field) -> str:
+        return f"{type(self).__name__}({f.name}=...)"
 
 
 def parse_count(text: str) -> int:
@@ -188,5 +227,5 @@ def to_argv(options, cls: type | None = None, skip: tuple[str, ...] = ("data",))
     return argv_for(cls or type(options), **{name: getattr(options, name) for name in names})
 
 
-__all__ = ["Checked", "add_options", "argv_for", "check_ranges", "flag_of", "from_args", "to_argv", "option",
-           "parse_count", "same_as"]
+__all__ = ["Checked", "add_options", "argv_for", "check_ranges", "checked_against", "flag_of", "from_args",
+           "to_argv", "option", "parse_count", "same_as"]

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from hitoban.errors import InputError, OutputExistsError
 from hitoban.files import check_fields, decode_error, read_json, read_text, require_file
-from hitoban.options import check_values
+from hitoban.options import checked_against
 from hitoban.provenance import hitoban_version
 from hitoban.training.data.filters import REASONS, DocumentFilter, FilterSettings, PIIMasker
 from hitoban.training.data.options import (
@@ -232,6 +232,7 @@ def source_targets(sources: list[Source], target_chars: int | None, shares: dict
     return {s.name: target_chars * given.get(s.name, each) for s in sources}
 
 
+@checked_against(CorpusOptions, "target_chars", "seed", "workers")
 def build_corpus(
     sources: list[Source],
     out: str | os.PathLike,
@@ -245,7 +246,6 @@ def build_corpus(
 ) -> dict:
     """Stream every source through the filters and the PII masker into `out`; returns the manifest. `workers`
     processes run the per-document filters (training/data/workers.py); the output is the same for any number."""
-    check_values(CorpusOptions, target_chars=target_chars, seed=seed, workers=workers)  # the command line's ranges
     started = time.time()
     out = Path(out)
     if out.exists():

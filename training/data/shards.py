@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from hitoban.errors import InputError, OutputExistsError
 from hitoban.files import TOKENIZER_FILES, check_fields, check_tokenizer_files, read_json
-from hitoban.options import check_values
+from hitoban.options import checked_against
 from hitoban.provenance import sha256_file
 from hitoban.training.data.corpus import iter_corpus, load_manifest
 from hitoban.training.data.markers import SPECIAL_TOKENS, require_markers
@@ -226,6 +226,7 @@ def _write_shuffled_train(scratch: _TrainScratch, tmp: Path, np_dtype, shard_tok
     return train_writer, int((~keep).sum())
 
 
+@checked_against(ShardsOptions, "shard_tokens", "seed", "val_every", "max_heldout_docs", "context", "workers")
 def build_shards(
     corpus: str | os.PathLike,
     tokenizer: str | os.PathLike,
@@ -242,8 +243,6 @@ def build_shards(
 ) -> dict:
     """Corpus folder + tokenizer folder -> verified shard folder `out` (temp dir + rename). Returns the index.
     `workers`: the encoder's threads (default: every core); the shards are the same for any number."""
-    check_values(ShardsOptions, shard_tokens=shard_tokens, seed=seed, val_every=val_every,
-                 max_heldout_docs=max_heldout_docs, context=context, workers=workers)  # the command line's ranges
     if workers:
         encoding_threads(workers)
     started = time.time()

@@ -27,7 +27,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from hitoban.errors import InputError, OutputExistsError
 from hitoban.modeling.loading import check_tokenizer_folder
-from hitoban.options import check_values
+from hitoban.options import checked_against
 from hitoban.training.data.corpus import iter_corpus, load_manifest
 from hitoban.training.data.markers import ASSISTANT, END, MARKERS, SPECIAL_TOKENS, UNK, USER, require_markers  # noqa: F401  (re-exported)
 from hitoban.training.data.options import CONTEXT, MIN_VOCAB, SAMPLE_CHARS, SEED, VOCAB_SIZE, TokenizerOptions
@@ -271,6 +271,7 @@ def chars_per_token(tok: PreTrainedTokenizerFast, texts: Iterable[str]) -> float
     return chars / max(tokens, 1)
 
 
+@checked_against(TokenizerOptions, "vocab_size", "max_chars", "seed", "workers", model_max_length="context")
 def train_tokenizer_from_corpus(
     corpus: str | os.PathLike,
     out_dir: str | os.PathLike,
@@ -286,8 +287,6 @@ def train_tokenizer_from_corpus(
     """Train on a `hitoban corpus` folder: a strided sample within `max_chars` (huge corpora are never read whole),
     every `heldout_every`-th sampled document kept out and used to report chars/token. `workers`: the encoder's
     threads (default: every core); SentencePiece's trainer always splits its work TRAINER_THREADS ways."""
-    check_values(TokenizerOptions, vocab_size=vocab_size, max_chars=max_chars, seed=seed, context=model_max_length,
-                 workers=workers)  # the command line's ranges, for a caller of the library too
     if workers:
         encoding_threads(workers)
     manifest = load_manifest(corpus)

@@ -24,7 +24,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from hitoban.errors import UsageError
+from hitoban.options import checked_against
 from hitoban.provenance import replacing
+from hitoban.training.federated.options import KeysOptions
 
 
 def _write(path: Path, data: bytes, private: bool = False) -> None:
@@ -65,6 +67,7 @@ def _certificate(subject: str, key, issuer_name: x509.Name, issuer_key, days: in
     return builder.sign(issuer_key, hashes.SHA256())
 
 
+@checked_against(KeysOptions, "days")
 def make_keys(out: str | os.PathLike, machines: list[str], hosts: list[str], days: int = 365) -> dict:
     """The CA, the server's certificate and one key pair per machine. On a folder that already has a CA, only the
     new machines' key pairs are made (signed by nothing: the server registers their public keys), so machines can

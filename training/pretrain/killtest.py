@@ -33,7 +33,7 @@ from safetensors.torch import load_file
 from hitoban.errors import UsageError
 from hitoban.modeling import HitobanConfig, HitobanForCausalLM
 from hitoban.modeling.loading import device_for
-from hitoban.options import argv_for, flag_of
+from hitoban.options import argv_for, checked_against, flag_of
 from hitoban.provenance import weights_sha256, write_json
 from hitoban.run_folder import RunFolder
 from hitoban.training import faults
@@ -125,6 +125,7 @@ HARNESS_DEFAULTS = {"eval_batches": 2}  # overridable by the night's options; th
 _KILLTEST = KillTestOptions(data="")
 
 
+@checked_against(KillTestOptions, "steps", "kills")
 def run_killtest(data: str | os.PathLike, work: str | os.PathLike, options: list[str] | None = None,
                  steps: int = _KILLTEST.steps, kills: int = _KILLTEST.kills,
                  killed_run: str | os.PathLike | None = None, log=print, plant_fault: str | None = None) -> dict:

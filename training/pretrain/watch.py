@@ -8,7 +8,9 @@ from datetime import datetime
 from pathlib import Path
 
 from hitoban.errors import InputError
+from hitoban.options import checked_against
 from hitoban.run_folder import FEDERATED_HEARTBEAT, RunFolder
+from hitoban.training.pretrain.options import WatchOptions
 
 STALE_SECONDS = 180
 
@@ -75,6 +77,7 @@ def render(run: str | Path, now: float | None = None) -> str:
     return "\n".join(lines)
 
 
+@checked_against(WatchOptions, "interval")
 def watch(run: str | Path, interval: float = 10.0, once: bool = False) -> None:
     while True:
         try:
