@@ -48,7 +48,7 @@ from hitoban.training.data.options import (
     VAL_EVERY,
     ShardsOptions,
 )
-from hitoban.training.data.workers import encoding_threads
+from hitoban.training.data.workers import encode_documents, encoding_threads
 
 FORMAT = "hitoban-shards/1 (zxell layout)"
 # copied beside TOKENIZER_FILES into shards/tokenizer/
@@ -182,7 +182,7 @@ def _split_documents(corpus: Path, tok, heldout: HeldoutRule, writers: dict, dom
     records = iter_corpus(corpus)
     with open(scratch_path, "wb") as out:
         while batch := [r for _, r in zip(range(batch_docs), records)]:
-            encodings = tok.encode_batch([r["text"] for r in batch], add_special_tokens=False)
+            encodings = encode_documents(tok, [r["text"] for r in batch])
             for record, encoding in zip(batch, encodings):
                 ids = np.asarray(encoding.ids, dtype=np.int64)
                 inside = np.isin(ids, special_ids)

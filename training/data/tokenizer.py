@@ -31,7 +31,7 @@ from hitoban.options import checked_against
 from hitoban.training.data.corpus import iter_corpus, load_manifest
 from hitoban.training.data.markers import ASSISTANT, END, MARKERS, SPECIAL_TOKENS, UNK, USER, require_markers  # noqa: F401  (re-exported)
 from hitoban.training.data.options import CONTEXT, MIN_VOCAB, SAMPLE_CHARS, SEED, VOCAB_SIZE, TokenizerOptions
-from hitoban.training.data.workers import encoding_threads
+from hitoban.training.data.workers import encode_documents, encoding_threads
 
 # SentencePiece's unigram trainer splits its work into one part per thread, and the pieces it ends with depend on
 # that split (1, 2 and 16 threads give three different tokenizers of one sample and seed). The count is fixed, not
@@ -264,7 +264,7 @@ def chars_per_token(tok: PreTrainedTokenizerFast, texts: Iterable[str]) -> float
         if text is not None:
             batch.append(text)
         if len(batch) == 256 or (text is None and batch):
-            encodings = tok.backend_tokenizer.encode_batch(batch, add_special_tokens=False)  # Rust, parallel
+            encodings = encode_documents(tok.backend_tokenizer, batch)  # Rust, parallel
             tokens += sum(len(e.ids) for e in encodings)
             chars += sum(map(len, batch))
             batch = []

@@ -229,12 +229,13 @@ def test_shards_encode_with_the_ids_autotokenizer_gives(pipeline, texts):
 
     from hitoban.training.data.markers import SPECIAL_TOKENS
     from hitoban.training.data.shards import load_encoder
+    from hitoban.training.data.workers import encode_documents
 
     root, _ = pipeline
     encoder, auto = load_encoder(root / "tok"), AutoTokenizer.from_pretrained(str(root / "tok"))
     assert encoder.get_vocab_size(with_added_tokens=True) == len(auto)
     assert [encoder.token_to_id(t) for t in SPECIAL_TOKENS] == auto.convert_tokens_to_ids(list(SPECIAL_TOKENS))
-    ours = [e.ids for e in encoder.encode_batch(texts, add_special_tokens=False)]
+    ours = [e.ids for e in encode_documents(encoder, texts)]  # the shards' own call (encode_batch_fast)
     assert ours == auto(texts, add_special_tokens=False)["input_ids"]
 
 
