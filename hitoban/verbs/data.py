@@ -76,7 +76,10 @@ def _shards(args) -> int:
     from hitoban.training.data.options import ShardsOptions
 
     options = from_args(ShardsOptions, args)
-    from hitoban.training.data.shards import build_shards, verify_shards
+    from hitoban.training.data.workers import single_threaded_blas
+
+    with single_threaded_blas():  # numpy loads without BLAS threads, so the encoding workers can be forked
+        from hitoban.training.data.shards import build_shards, verify_shards
 
     if options.verify:
         result = verify_shards(options.verify, options.tokenizer, full=True, progress=True)

@@ -105,5 +105,5 @@ class ShardsOptions(Checked):
     context: int = option(CONTEXT, "refuse a train split shorter than one window", min=2)
     dtype: str | None = option(None, "default: uint16 when the vocab fits", choices=DTYPES)
     seed: int = option(SEED, "recorded in the index (the split rule is by position)", min=0)
-    workers: int = option(default_workers(), "threads for the encoder, tokenizers' own pool (default: this "
+    workers: int = option(default_workers(), "processes that encode while one reads and writes (default: this "
                                              "machine's cores); the shards are the same for any number", min=1)

@@ -25,6 +25,8 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -48,7 +50,14 @@ from hitoban.training.data.options import (
     VAL_EVERY,
     ShardsOptions,
 )
-from hitoban.training.data.workers import encode_documents, encoding_threads
+from hitoban.training.data.workers import (
+    CHUNKS_PER_WORKER,
+    WINDOW_PER_WORKER,
+    InOrder,
+    encode_documents,
+    encoding_threads,
+    processes,
+)
 
 FORMAT = "hitoban-shards/1 (zxell layout)"
 # copied beside TOKENIZER_FILES into shards/tokenizer/
@@ -172,35 +181,76 @@ def load_encoder(folder: Path) -> Tokenizer:
     return tok
 
 
-def _split_documents(corpus: Path, tok, heldout: HeldoutRule, writers: dict, domains: list[str], np_dtype,
-                     scratch_path: Path, batch_docs: int, bar) -> _TrainScratch:
-    """Pass 1: tokenize every document (markers inside the text removed, one <|end|> appended) and send it to its
-    held-out writer (`heldout` decides, in order) or to the train scratch file."""
-    end_id = tok.token_to_id("<|end|>")
-    special_ids = np.array([tok.token_to_id(t) for t in SPECIAL_TOKENS])
-    scratch = _TrainScratch(scratch_path)
-    records = iter_corpus(corpus)
-    with open(scratch_path, "wb") as out:
+class DocumentEncoder:
+    """A document as the shards hold it: its ids with any marker inside the text removed (a literal "<|end|>" must
+    not fake a document boundary) and one <|end|> appended, in the shards' dtype; with the markers removed and the
+    text's key (held-out copies in train are dropped by it). The same in the writing process (one worker) and in
+    each worker process."""
+
+    def __init__(self, tok: Tokenizer, np_dtype: np.dtype):
+        self.tok, self.np_dtype = tok, np_dtype
+        self.end_id = tok.token_to_id("<|end|>")
+        self.special_ids = np.array([tok.token_to_id(t) for t in SPECIAL_TOKENS])
+
+    def __call__(self, texts: list[str]) -> list[tuple[np.ndarray, int, bytes]]:
+        encoded = []
+        for text, encoding in zip(texts, encode_documents(self.tok, texts)):
+            ids = np.asarray(encoding.ids, dtype=np.int64)
+            inside = np.isin(ids, self.special_ids)
+            removed = int(inside.sum())
+            if removed:
+                ids = ids[~inside]
+            encoded.append((np.append(ids, self.end_id).astype(self.np_dtype), removed, _text_key(text)))
+        return encoded
+
+
+_WORKER_ENCODER: DocumentEncoder | None = None  # a worker process's, set once by `_start_encoder`
+
+
+def _start_encoder(tokenizer: str, dtype: str) -> None:
+    global _WORKER_ENCODER
+    encoding_threads(1)  # the processes are the parallelism: one encoder thread each
+    _WORKER_ENCODER = DocumentEncoder(load_encoder(Path(tokenizer)), np.dtype(dtype))
+
+
+def _encode_in_worker(records: list[dict]) -> list[tuple[np.ndarray, int, bytes]]:
+    return _WORKER_ENCODER([record["text"] for record in records])
+
+
+def _encoded(records: Iterator[dict], encode: DocumentEncoder, batch_docs: int, pool, workers: int):
+    """(record, its `encode`d document) for every record, in order: batches encoded here (tokenizers' threads), or
+    windows encoded by `pool`'s processes while this one writes the last (its reading, converting and writing were
+    a fifth of a 2-thread build, serial beside the encoder)."""
+    if pool is None:
         while batch := [r for _, r in zip(range(batch_docs), records)]:
-            encodings = encode_documents(tok, [r["text"] for r in batch])
-            for record, encoding in zip(batch, encodings):
-                ids = np.asarray(encoding.ids, dtype=np.int64)
-                inside = np.isin(ids, special_ids)
-                if inside.any():  # literal "<|end|>" etc. in the text must not fake a document boundary
-                    scratch.markers_removed += int(inside.sum())
-                    ids = ids[~inside]
-                ids = np.append(ids, end_id)
-                domain = domains.index(record["source"])
-                split = heldout.split_of(record["source"])
-                if split:
-                    writers[split].add(ids, domain)
-                    scratch.heldout_keys.add(_text_key(record["text"]))
-                else:
-                    out.write(ids.astype(np_dtype).tobytes())
-                    scratch.offsets.append(scratch.offsets[-1] + len(ids))
-                    scratch.domains.append(domain)
-                    scratch.keys.append(_text_key(record["text"]))
-            bar.update(len(batch))
+            yield from zip(batch, encode([r["text"] for r in batch]))
+        return
+    per_chunk = WINDOW_PER_WORKER // CHUNKS_PER_WORKER  # one call of the encoder a chunk: a call per document
+    chunks = iter(lambda: [r for _, r in zip(range(per_chunk), records)], [])  # was a sixth slower
+    in_flight = workers * CHUNKS_PER_WORKER  # chunks a window, one to a message
+    for chunk, documents in InOrder(pool, _encode_in_worker, chunks, in_flight, in_flight):
+        yield from zip(chunk, documents)
+
+
+def _split_documents(corpus: Path, encode: DocumentEncoder, heldout: HeldoutRule, writers: dict, domains: list[str],
+                     scratch_path: Path, batch_docs: int, bar, pool=None, workers: int = 1) -> _TrainScratch:
+    """Pass 1: tokenize every document (`DocumentEncoder`) and send it to its held-out writer (`heldout` decides,
+    in order) or to the train scratch file."""
+    scratch = _TrainScratch(scratch_path)
+    with open(scratch_path, "wb") as out:
+        for record, (ids, removed, key) in _encoded(iter_corpus(corpus), encode, batch_docs, pool, workers):
+            scratch.markers_removed += removed
+            domain = domains.index(record["source"])
+            split = heldout.split_of(record["source"])
+            if split:
+                writers[split].add(ids, domain)
+                scratch.heldout_keys.add(key)
+            else:
+                out.write(ids.tobytes())
+                scratch.offsets.append(scratch.offsets[-1] + len(ids))
+                scratch.domains.append(domain)
+                scratch.keys.append(key)
+            bar.update(1)
     bar.close()
     for writer in writers.values():
         writer.close_shard()
@@ -242,9 +292,10 @@ def build_shards(
     workers: int | None = None,
 ) -> dict:
     """Corpus folder + tokenizer folder -> verified shard folder `out` (temp dir + rename). Returns the index.
-    `workers`: the encoder's threads (default: every core); the shards are the same for any number."""
-    if workers:
-        encoding_threads(workers)
+    `workers`: 2 or more, processes that encode while this one reads and writes; 1, this process on one encoder
+    thread; None, this process on tokenizers' threads, one per core. The shards are the same for any number."""
+    if workers == 1:
+        encoding_threads(1)
     started = time.time()
     corpus, tokenizer, out = Path(corpus), Path(tokenizer), Path(out)
     if out.exists():
@@ -262,9 +313,13 @@ def build_shards(
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
     try:
         writers = {s: _ShardWriter(tmp, s, np_dtype, shard_tokens, domains) for s in ("val", "test")}
-        scratch = _split_documents(corpus, tok, heldout, writers, domains, np_dtype, tmp / "train.scratch",
-                                   batch_docs, bar=tqdm(total=manifest["total_documents"], unit="doc", desc="shards",
-                                                        disable=not progress or None))
+        # the workers first: forked before a progress bar starts its monitor thread (workers.processes)
+        with (processes(workers, _start_encoder, (str(tokenizer), np_dtype.name)) if (workers or 1) > 1
+              else nullcontext()) as pool:
+            scratch = _split_documents(corpus, DocumentEncoder(tok, np_dtype), heldout, writers, domains,
+                                       tmp / "train.scratch", batch_docs,
+                                       tqdm(total=manifest["total_documents"], unit="doc", desc="shards",
+                                            disable=not progress or None), pool, workers or 1)
         train_writer, dropped_overlap = _write_shuffled_train(scratch, tmp, np_dtype, shard_tokens, domains, seed,
                                                               progress)
         markers_removed = scratch.markers_removed

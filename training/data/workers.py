@@ -109,6 +109,31 @@ def _context():
     return context
 
 
+class InOrder:
+    """`function` of each of `items` by `pool`'s processes, as (item, result) in the items' order: a window of
+    `window` items at a time, the next one in flight while the caller reads this one (memory: two windows), each
+    chunk of a window (`chunks` a window) crossing back in one message. Made, it has submitted its first two."""
+
+    def __init__(self, pool, function, items: Iterable, window: int, chunks: int):
+        self.pool, self.function, self.items, self.window, self.chunks = pool, function, iter(items), window, chunks
+        self.pending: deque = deque()
+        self._submit()
+        self._submit()
+
+    def _submit(self) -> None:
+        batch = list(itertools.islice(self.items, self.window))
+        if batch:
+            chunk = max(1, len(batch) // self.chunks)
+            self.pending.append((batch, self.pool.map_async(self.function, batch, chunksize=chunk)))
+
+    def __iter__(self) -> Iterator[tuple]:
+        while self.pending:  # (a caller that stops early leaves at most two windows in flight: their results dropped)
+            batch, results = self.pending.popleft()
+            results = results.get()
+            self._submit()
+            yield from zip(batch, results)
+
+
 class Examiners:
     """A build's worker processes (or none: `workers` 1 examines in this process), started once for all its
     sources by `examiners`."""
@@ -124,23 +149,20 @@ class Examiners:
             return
         documents, workers = iter(documents), self.workers
         first = list(itertools.islice(documents, workers * FIRST_WINDOW_PER_WORKER))
-        pending: deque = deque()
-
-        def submit() -> None:  # the next window goes out while this one is being written: two in flight at most
-            window = list(itertools.islice(documents, workers * WINDOW_PER_WORKER))
-            if window:
-                chunk = max(1, len(window) // (workers * CHUNKS_PER_WORKER))
-                pending.append(self.pool.map_async(_examine, window, chunksize=chunk))
-
-        submit()
-        submit()
+        ahead = InOrder(self.pool, _examine, documents, workers * WINDOW_PER_WORKER, workers * CHUNKS_PER_WORKER)
         # the first window here, while the workers take the next two: waiting for it instead left this process idle
         # for its longest document (0.16 s at the start of the literature's build, a 151,000-character work)
         yield from (prepare(raw, self.settings, self.masking) for raw in first)
-        while pending:  # (a caller that stops early leaves at most two windows in flight: their results are dropped)
-            results = pending.popleft().get()
-            submit()
-            yield from results
+        yield from (result for _, result in ahead)
+
+
+@contextmanager
+def processes(workers: int, initializer, initargs: tuple) -> Iterator:
+    """A pool of `workers` processes, each set up by `initializer(*initargs)`, started as `_context` decides:
+    start it first, while this process may still run a single thread, so that they are forked (a few
+    milliseconds, and what this process imported they have too) rather than started from a fork server."""
+    with _context().Pool(workers, initializer=initializer, initargs=initargs) as pool:
+        yield pool
 
 
 @contextmanager
@@ -157,9 +179,9 @@ def examiners(settings, workers: int, masking: tuple[bytes | None] | None = None
         return
     if settings.near_dup_threshold:
         import hitoban.training.data.near_duplicates  # noqa: F401
-    with _context().Pool(workers, initializer=_start, initargs=(settings, masking)) as pool:
+    with processes(workers, _start, (settings, masking)) as pool:
         yield Examiners(settings, workers, masking, pool)
 
 
-__all__ = ["WINDOW_PER_WORKER", "Examiners", "default_workers", "encode_documents", "encoding_threads", "examiners",
-           "prepare", "single_threaded_blas", "threads_of_this_process"]
+__all__ = ["CHUNKS_PER_WORKER", "WINDOW_PER_WORKER", "Examiners", "InOrder", "default_workers", "encode_documents",
+           "encoding_threads", "examiners", "prepare", "processes", "single_threaded_blas", "threads_of_this_process"]

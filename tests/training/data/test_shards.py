@@ -259,14 +259,15 @@ def test_a_tokenizer_without_the_markers_is_refused_before_encoding(pipeline, tm
 
 
 @pytest.mark.parametrize("batch_docs", [1, 7])
-def test_the_shards_are_the_same_for_any_batch_and_any_number_of_threads(pipeline, tmp_path, batch_docs):
+def test_the_shards_are_the_same_for_any_batch_and_any_number_of_workers(pipeline, tmp_path, batch_docs):
     """Each batch's encodings meet their own documents, in order, and the held-out rule runs across batches: small
     batches (several per split, a held-out document in many) give the pipeline's shards (one batch of 1,000), with
-    1 encoder thread and 2. (Written for an overlap of encoding and writing, tried and dropped: the other tests had
-    one batch only, so a mutant pairing documents with the next batch's encodings passed them.)"""
+    1 encoder thread, with tokenizers' threads (None), and with 2 and 3 worker processes (whose windows hold several
+    chunks: the corpus here is 60 documents). (Written for an overlap of encoding and writing, tried and dropped: the
+    other tests had one batch only, so a mutant pairing documents with the next batch's encodings passed them.)"""
     root, index = pipeline
     expected = {p.name: p.read_bytes() for p in (root / "shards").iterdir() if p.suffix in (".bin", ".u8")}
-    for workers in (1, 2):
+    for workers in (1, None, 2, 3):
         out = tmp_path / f"w{workers}"
         build_shards(root / "corpus", root / "tok", out, shard_tokens=150_000, val_every=10, max_heldout_docs=20,
                      context=128, progress=False, batch_docs=batch_docs, workers=workers)
