@@ -14,8 +14,11 @@ import multiprocessing
 import os
 from collections import deque
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 
+from hitoban.errors import ResourceError
 from hitoban.training.data.filters import Examined, encode_pieces, examine, mask_pieces
 
 WINDOW_PER_WORKER = 64  # documents handed to each worker per window: large enough to amortise the pickling
@@ -110,9 +113,11 @@ def _context():
 
 
 class InOrder:
-    """`function` of each of `items` by `pool`'s processes, as (item, result) in the items' order: a window of
-    `window` items at a time, the next one in flight while the caller reads this one (memory: two windows), each
-    chunk of a window (`chunks` a window) crossing back in one message. Made, it has submitted its first two."""
+    """`function` of each of `items` by `pool`'s processes (`processes`), as (item, result) in the items' order: a
+    window of `window` items at a time, the next one in flight while the caller reads this one (memory: two
+    windows), each of a window's `chunks` chunks one task whose results cross back in one message. Made, it has
+    submitted its first two windows. A worker that dies (the OS's out-of-memory killer) stops it with a
+    ResourceError, where multiprocessing's Pool would wait for its lost task for ever."""
 
     def __init__(self, pool, function, items: Iterable, window: int, chunks: int):
         self.pool, self.function, self.items, self.window, self.chunks = pool, function, iter(items), window, chunks
@@ -123,15 +128,24 @@ class InOrder:
     def _submit(self) -> None:
         batch = list(itertools.islice(self.items, self.window))
         if batch:
-            chunk = max(1, len(batch) // self.chunks)
-            self.pending.append((batch, self.pool.map_async(self.function, batch, chunksize=chunk)))
+            size = max(1, len(batch) // self.chunks)
+            tasks = [self.pool.submit(_each, self.function, batch[i : i + size]) for i in range(0, len(batch), size)]
+            self.pending.append((batch, tasks))
 
     def __iter__(self) -> Iterator[tuple]:
-        while self.pending:  # (a caller that stops early leaves at most two windows in flight: their results dropped)
-            batch, results = self.pending.popleft()
-            results = results.get()
+        while self.pending:  # (a caller that stops early leaves at most two windows in flight: they are cancelled)
+            batch, tasks = self.pending.popleft()
+            try:
+                results = [result for task in tasks for result in task.result()]
+            except BrokenProcessPool:
+                raise ResourceError("a worker process stopped (the system may have run out of memory and killed it) "
+                                    "and nothing was written: run again with fewer --workers") from None
             self._submit()
             yield from zip(batch, results)
+
+
+def _each(function, chunk: list) -> list:
+    return [function(item) for item in chunk]
 
 
 class Examiners:
@@ -157,12 +171,17 @@ class Examiners:
 
 
 @contextmanager
-def processes(workers: int, initializer, initargs: tuple) -> Iterator:
-    """A pool of `workers` processes, each set up by `initializer(*initargs)`, started as `_context` decides:
-    start it first, while this process may still run a single thread, so that they are forked (a few
-    milliseconds, and what this process imported they have too) rather than started from a fork server."""
-    with _context().Pool(workers, initializer=initializer, initargs=initargs) as pool:
+def processes(workers: int, initializer, initargs: tuple) -> Iterator[ProcessPoolExecutor]:
+    """`workers` processes, each set up by `initializer(*initargs)`, started now as `_context` decides: call it
+    first, while this process may still run a single thread, so that they are forked (a few milliseconds, and what
+    this process imported they have too) rather than started from a fork server. Leaving, the tasks not started are
+    cancelled (a caller that stopped early) and the running ones finished."""
+    pool = ProcessPoolExecutor(workers, mp_context=_context(), initializer=initializer, initargs=initargs)
+    try:
+        pool.submit(int).result()  # forked now (all at once where forked), before this process starts a thread
         yield pool
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 @contextmanager

@@ -132,14 +132,15 @@ def test_the_corpus_verb_forks_its_workers_before_anything_starts_a_thread(tmp_p
     before the near-duplicate step's import made each worker import it again. And no build imports scipy (nor
     datasketch, which imports it at module level): half a second of CPU before any worker starts."""
     probe = """
-import multiprocessing, sys
+import sys
+from concurrent.futures import ProcessPoolExecutor
 from hitoban.cli import main
 starts = []
-real = multiprocessing.context.BaseContext.Pool
-def counted(self, *args, **kwargs):
-    starts.append((self.get_start_method(), "hitoban.training.data.near_duplicates" in sys.modules))
-    return real(self, *args, **kwargs)
-multiprocessing.context.BaseContext.Pool = counted
+real = ProcessPoolExecutor.__init__
+def counted(self, *args, mp_context=None, **kwargs):
+    starts.append((mp_context.get_start_method(), "hitoban.training.data.near_duplicates" in sys.modules))
+    return real(self, *args, mp_context=mp_context, **kwargs)
+ProcessPoolExecutor.__init__ = counted
 try:
     main(sys.argv[1:])
 finally:
@@ -287,3 +288,56 @@ def test_a_workers_result_carries_each_text_once(corpus):
         shipped = pickle.dumps(found)
         for piece in map(json.loads, found.encoded):
             assert shipped.count(piece[100:160].encode("utf-8")) == 1
+
+
+KILLED = """
+import os, signal, sys
+from hitoban.training.data.workers import single_threaded_blas
+with single_threaded_blas():  # as the verbs import them: the workers are forked, and carry the patch below
+    from hitoban.training.data import shards, workers
+    from hitoban.training.data.corpus import build_corpus, local_source
+step, source, out = sys.argv[1:4]
+writer = os.getpid()
+
+def killed(real):
+    def run(*args):
+        run.calls = getattr(run, "calls", 0) + 1
+        if os.getpid() != writer and run.calls == (3 if step == "corpus" else 1):  # a worker's 3rd document, 1st chunk
+            os.kill(os.getpid(), signal.SIGKILL)  # as the system's out-of-memory killer does
+        return real(*args)
+    return run
+
+try:
+    if step == "corpus":
+        workers.prepare = killed(workers.prepare)
+        build_corpus([local_source([source], doc_per_file=True)], out, progress=False, workers=2)
+    else:
+        shards.DocumentEncoder.__call__ = killed(shards.DocumentEncoder.__call__)
+        shards.build_shards(source, sys.argv[4], out, context=64, val_every=5, progress=False, workers=2)
+except Exception as error:
+    print(type(error).__name__, error)
+"""
+
+
+@pytest.mark.parametrize("step", ["corpus", "shards"])
+def test_a_worker_killed_by_the_system_stops_the_build_in_one_line_and_writes_nothing(corpus, tmp_path, step):
+    """A worker process the system kills (out of memory, on a night's corpus) must not leave the build waiting for
+    its lost work for ever, as multiprocessing's Pool did: the build stops with one line that says what to do, and
+    no output folder (nor a temporary one) is left."""
+    works = sorted((corpus / "literature").glob("0*.txt"))[:40]
+    folder = tmp_path / "works"
+    folder.mkdir()
+    for work in works:
+        (folder / work.name).symlink_to(work.resolve())
+    source, extra = folder, []
+    if step == "shards":
+        from hitoban.training.data.tokenizer import train_tokenizer_from_corpus
+
+        build_corpus([local_source([str(folder)], doc_per_file=True)], tmp_path / "corpus", progress=False, workers=1)
+        train_tokenizer_from_corpus(tmp_path / "corpus", tmp_path / "tok", vocab_size=4000)
+        source, extra = tmp_path / "corpus", [tmp_path / "tok"]
+    done = subprocess.run([sys.executable, "-c", KILLED, step, str(source), str(tmp_path / "out"), *map(str, extra)],
+                          capture_output=True, text=True, timeout=120)
+    lines = done.stdout.strip().splitlines()
+    assert lines == [lines[-1]] and lines[-1].startswith("ResourceError a worker process stopped"), done.stderr[-2000:]
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
