@@ -232,12 +232,16 @@ def _encoded(records: Iterator[dict], encode: DocumentEncoder, batch_docs: int, 
         yield from zip(chunk, documents)
 
 
-def _split_documents(corpus: Path, encode: DocumentEncoder, heldout: HeldoutRule, writers: dict, domains: list[str],
-                     scratch_path: Path, batch_docs: int, bar, pool=None, workers: int = 1) -> _TrainScratch:
-    """Pass 1: tokenize every document (`DocumentEncoder`) and send it to its held-out writer (`heldout` decides,
-    in order) or to the train scratch file."""
+def _split_documents(corpus: Path, tokenizer: Path, encode: DocumentEncoder, heldout: HeldoutRule, writers: dict,
+                     domains: list[str], scratch_path: Path, batch_docs: int, progress: bool, workers: int,
+                     documents: int) -> _TrainScratch:
+    """Pass 1: tokenize every document (`DocumentEncoder`, here or in `workers` processes) and send it to its
+    held-out writer (`heldout` decides, in order) or to the train scratch file; `documents`: the bar's total."""
     scratch = _TrainScratch(scratch_path)
-    with open(scratch_path, "wb") as out:
+    # the workers first: forked before a progress bar starts its monitor thread (workers.processes)
+    with (processes(workers, _start_encoder, (str(tokenizer), encode.np_dtype.name)) if workers > 1
+          else nullcontext()) as pool, open(scratch_path, "wb") as out:
+        bar = tqdm(total=documents, unit="doc", desc="shards", disable=not progress or None)
         for record, (ids, removed, key) in _encoded(iter_corpus(corpus), encode, batch_docs, pool, workers):
             scratch.markers_removed += removed
             domain = domains.index(record["source"])
@@ -313,13 +317,9 @@ def build_shards(
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
     try:
         writers = {s: _ShardWriter(tmp, s, np_dtype, shard_tokens, domains) for s in ("val", "test")}
-        # the workers first: forked before a progress bar starts its monitor thread (workers.processes)
-        with (processes(workers, _start_encoder, (str(tokenizer), np_dtype.name)) if (workers or 1) > 1
-              else nullcontext()) as pool:
-            scratch = _split_documents(corpus, DocumentEncoder(tok, np_dtype), heldout, writers, domains,
-                                       tmp / "train.scratch", batch_docs,
-                                       tqdm(total=manifest["total_documents"], unit="doc", desc="shards",
-                                            disable=not progress or None), pool, workers or 1)
+        scratch = _split_documents(corpus, tokenizer, DocumentEncoder(tok, np_dtype), heldout, writers, domains,
+                                   tmp / "train.scratch", batch_docs, progress, workers or 1,
+                                   manifest["total_documents"])
         train_writer, dropped_overlap = _write_shuffled_train(scratch, tmp, np_dtype, shard_tokens, domains, seed,
                                                               progress)
         markers_removed = scratch.markers_removed
