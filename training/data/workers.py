@@ -175,10 +175,15 @@ def processes(workers: int, initializer, initargs: tuple) -> Iterator[ProcessPoo
     """`workers` processes, each set up by `initializer(*initargs)`, started now as `_context` decides: call it
     first, while this process may still run a single thread, so that they are forked (a few milliseconds, and what
     this process imported they have too) rather than started from a fork server. Leaving, the tasks not started are
-    cancelled (a caller that stopped early) and the running ones finished."""
+    cancelled (a caller that stopped early) and the running ones finished. A worker whose set-up fails stops it in
+    one line (the worker prints its own error above it)."""
     pool = ProcessPoolExecutor(workers, mp_context=_context(), initializer=initializer, initargs=initargs)
     try:
-        pool.submit(int).result()  # forked now (all at once where forked), before this process starts a thread
+        try:
+            pool.submit(int).result()  # forked now (all at once where forked), before this process starts a thread
+        except BrokenProcessPool:
+            raise ResourceError(f"the {workers} worker processes could not start (the error above is theirs); run "
+                                "again with --workers 1") from None
         yield pool
     finally:
         pool.shutdown(wait=True, cancel_futures=True)

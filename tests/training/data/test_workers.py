@@ -307,8 +307,14 @@ def killed(real):
         return real(*args)
     return run
 
+def fails(*args):
+    raise RuntimeError("planted: this worker cannot start")
+
 try:
-    if step == "corpus":
+    if step == "start":
+        shards._start_encoder = fails
+        shards.build_shards(source, sys.argv[4], out, context=64, val_every=5, progress=False, workers=2)
+    elif step == "corpus":
         workers.prepare = killed(workers.prepare)
         build_corpus([local_source([source], doc_per_file=True)], out, progress=False, workers=2)
     else:
@@ -340,4 +346,21 @@ def test_a_worker_killed_by_the_system_stops_the_build_in_one_line_and_writes_no
                           capture_output=True, text=True, timeout=120)
     lines = done.stdout.strip().splitlines()
     assert lines == [lines[-1]] and lines[-1].startswith("ResourceError a worker process stopped"), done.stderr[-2000:]
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_workers_that_cannot_start_stop_the_build_in_one_line_and_write_nothing(corpus, tmp_path):
+    """A worker's set-up that fails (here planted: the shards' encoder) made multiprocessing's Pool start new workers
+    for ever; the build stops in one line, the workers' own error printed above it, nothing written."""
+    from hitoban.training.data.tokenizer import train_tokenizer_from_corpus
+
+    works = sorted((corpus / "literature").glob("0*.txt"))[:20]
+    build_corpus([local_source(list(map(str, works)), doc_per_file=True)], tmp_path / "corpus", progress=False,
+                 workers=1)
+    train_tokenizer_from_corpus(tmp_path / "corpus", tmp_path / "tok", vocab_size=4000)
+    done = subprocess.run([sys.executable, "-c", KILLED, "start", str(tmp_path / "corpus"), str(tmp_path / "out"),
+                           str(tmp_path / "tok")], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip().splitlines() == ["ResourceError the 2 worker processes could not start (the error "
+                                                "above is theirs); run again with --workers 1"], done.stderr[-2000:]
+    assert "planted: this worker cannot start" in done.stderr
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
