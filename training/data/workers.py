@@ -129,19 +129,29 @@ class InOrder:
         batch = list(itertools.islice(self.items, self.window))
         if batch:
             size = max(1, len(batch) // self.chunks)
-            tasks = [self.pool.submit(_each, self.function, batch[i : i + size]) for i in range(0, len(batch), size)]
+            with _lost_worker():  # the pool may have broken since the last window: submitting says so
+                tasks = [self.pool.submit(_each, self.function, batch[i : i + size])
+                         for i in range(0, len(batch), size)]
             self.pending.append((batch, tasks))
 
     def __iter__(self) -> Iterator[tuple]:
         while self.pending:  # (a caller that stops early leaves at most two windows in flight: they are cancelled)
             batch, tasks = self.pending.popleft()
-            try:
+            with _lost_worker():
                 results = [result for task in tasks for result in task.result()]
-            except BrokenProcessPool:
-                raise ResourceError("a worker process stopped (the system may have run out of memory and killed it) "
-                                    "and nothing was written: run again with fewer --workers") from None
             self._submit()
             yield from zip(batch, results)
+
+
+@contextmanager
+def _lost_worker() -> Iterator[None]:
+    """A worker gone (`BrokenProcessPool`, whether a task's result or a new task's submission meets it first) as
+    the one line the user acts on."""
+    try:
+        yield
+    except BrokenProcessPool:
+        raise ResourceError("a worker process stopped (the system may have run out of memory and killed it) and "
+                            "nothing was written: run again with fewer --workers") from None
 
 
 def _each(function, chunk: list) -> list:

@@ -364,3 +364,19 @@ def test_workers_that_cannot_start_stop_the_build_in_one_line_and_write_nothing(
                                                 "above is theirs); run again with --workers 1"], done.stderr[-2000:]
     assert "planted: this worker cannot start" in done.stderr
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_a_pool_found_broken_when_the_next_window_is_submitted_is_a_lost_worker_too():
+    """The killed worker can be met first when the next window goes out, not when a result is read (the clean-clone
+    CI met it so for the shards, under load: a bare BrokenProcessPool): the same one line either way."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from hitoban.errors import ResourceError
+    from hitoban.training.data.workers import InOrder
+
+    class Broken:
+        def submit(self, *args):
+            raise BrokenProcessPool("A child process terminated abruptly")
+
+    with pytest.raises(ResourceError, match="^a worker process stopped"):
+        InOrder(Broken(), len, range(10), 4, 2)
