@@ -225,11 +225,8 @@ def _encoded(records: Iterator[dict], encode: DocumentEncoder, batch_docs: int, 
         while batch := [r for _, r in zip(range(batch_docs), records)]:
             yield from zip(batch, encode([r["text"] for r in batch]))
         return
-    per_chunk = WINDOW_PER_WORKER // CHUNKS_PER_WORKER  # a chunk is one call of the encoder (a call per document
-    chunks = iter(lambda: [r for _, r in zip(range(per_chunk), records)], [])  # encoded a sixth slower)
-    in_flight = workers * CHUNKS_PER_WORKER  # chunks a window, one to a message
-    for chunk, documents in InOrder(pool, _encode_in_worker, chunks, in_flight, in_flight):
-        yield from zip(chunk, documents)
+    # one call of the encoder a chunk (a call per document encoded a sixth slower)
+    yield from InOrder(pool, _encode_in_worker, records, workers * WINDOW_PER_WORKER, workers * CHUNKS_PER_WORKER)
 
 
 def _split_documents(corpus: Path, tokenizer: Path, encode: DocumentEncoder, heldout: HeldoutRule, writers: dict,

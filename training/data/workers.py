@@ -85,8 +85,8 @@ def single_threaded_blas() -> Iterator[None]:
             os.environ.pop("OPENBLAS_NUM_THREADS", None)
 
 
-def _examine(raw) -> Examined:
-    return prepare(raw, _SETTINGS, _MASKING)
+def _examine(chunk: list) -> list[Examined]:
+    return [prepare(raw, _SETTINGS, _MASKING) for raw in chunk]
 
 
 def threads_of_this_process() -> int | None:
@@ -113,9 +113,10 @@ def _context():
 
 
 class InOrder:
-    """`function` of each of `items` by `pool`'s processes (`processes`), as (item, result) in the items' order: a
-    window of `window` items at a time, the next one in flight while the caller reads this one (memory: two
-    windows), each of a window's `chunks` chunks one task whose results cross back in one message. Made, it has
+    """Each of `items` with its result by `pool`'s processes (`processes`), in the items' order: a window of
+    `window` items at a time, the next one in flight while the caller reads this one (memory: two windows), split
+    in `chunks` chunks, each one task: `function(chunk)` returns the chunk's results, one per item, and they cross
+    back in one message (one call per chunk, so an encoder batches them). Made, it has
     submitted its first two windows. A worker that dies (the OS's out-of-memory killer) stops it with a
     ResourceError, where multiprocessing's Pool would wait for its lost task for ever."""
 
@@ -130,8 +131,7 @@ class InOrder:
         if batch:
             size = max(1, len(batch) // self.chunks)
             with _lost_worker():  # the pool may have broken since the last window: submitting says so
-                tasks = [self.pool.submit(_each, self.function, batch[i : i + size])
-                         for i in range(0, len(batch), size)]
+                tasks = [self.pool.submit(self.function, batch[i : i + size]) for i in range(0, len(batch), size)]
             self.pending.append((batch, tasks))
 
     def __iter__(self) -> Iterator[tuple]:
@@ -152,10 +152,6 @@ def _lost_worker() -> Iterator[None]:
     except BrokenProcessPool:
         raise ResourceError("a worker process stopped (the system may have run out of memory and killed it) and "
                             "nothing was written: run again with fewer --workers") from None
-
-
-def _each(function, chunk: list) -> list:
-    return [function(item) for item in chunk]
 
 
 class Examiners:
